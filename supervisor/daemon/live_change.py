@@ -233,11 +233,11 @@ class LiveChange(Generic[G]):
         map (the names clients may send) once its topology runs, or at once when that stays as it is: its change is
         the third value (None without a config)."""
         from stagevisor.supervisor.daemon.monitor import ConditionEvent
-        from stagevisor.supervisor.placement.request import plan_placement, voice_names
+        from stagevisor.supervisor.placement.request import plan_placement, replica_counts_given, voice_names
 
         try:
             self._check_model_path(request)
-            plan = plan_placement(request)
+            plan = self._autoscaled_counts_kept(plan_placement(request), replica_counts_given(request))
             voices = voice_names(request)
         except StagevisorError as error:
             if not dry_run:
@@ -282,6 +282,21 @@ class LiveChange(Generic[G]):
                 f"never the model's weights, and loads nothing from a path a client names; give apply {given} "
                 "(and the same `model_path` in a --config), or restart the daemon with the other model path",
             )
+
+    def _autoscaled_counts_kept(self, plan: Plan, given: frozenset[str]) -> Plan:
+        """`plan` with each group that stays autoscaled running as many replicas as the autoscaler runs now (within
+        the new bounds), unless the request sets its count: planning starts it at its minimum, so an apply of the
+        same config would restart every worker to take replicas away from a group the autoscaler had grown."""
+        from stagevisor.supervisor.placement.planner import rescale
+
+        for group in plan.groups:
+            running = next((g for g in self.host.plan.groups if g.name == group.name), None)
+            if group.autoscale is None or running is None or running.autoscale is None or group.name in given:
+                continue
+            count = min(max(running.replicas, group.autoscale.min_replicas), group.autoscale.max_replicas)
+            if count != group.replicas:
+                plan = rescale(plan, group.name, count)
+        return plan
 
     async def _apply(self, plan: Plan, dry_run: bool) -> TopologyDiff:
         host = self.host

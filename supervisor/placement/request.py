@@ -17,7 +17,7 @@ from stagevisor.supervisor.config import (
 )
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, KeyPath, StagevisorError
 from stagevisor.supervisor.placement.nodes import apply_process_nodes
-from stagevisor.supervisor.placement.options import replica_requests
+from stagevisor.supervisor.placement.options import parse_replica_options, replica_requests
 from stagevisor.supervisor.placement.planner import apply_autoscale, plan_pipeline, resolve_declaration
 from stagevisor.supervisor.plan import Plan
 
@@ -77,17 +77,33 @@ def named_model_paths(request: PlacementRequest) -> list[tuple[str, str]]:
     (the config parsed, never a model path resolved). A config that does not parse names none: plan_placement
     reports it."""
     named = [("--model-path", request.model_path)] if request.model_path is not None else []
-    sourced: SourcedConfig | None
+    config = _parsed_config(request)
+    if config is not None and config.model_path is not None:
+        named.append((f"{request.config_path or 'the config'}'s model_path", config.model_path))
+    return named
+
+
+def replica_counts_given(request: PlacementRequest) -> frozenset[str]:
+    """The process groups whose replica count `request` sets: by --process-replicas, or a config's
+    `processes.<name>.replicas` written out (not its default). Malformed options and configs set none: plan_placement
+    reports them."""
+    try:
+        given = {option.process for option in parse_replica_options(request.process_replicas)}
+    except StagevisorError:
+        given = set()
+    config = _parsed_config(request)
+    processes = config.processes if config is not None else {}
+    return frozenset(given | {name for name, settings in processes.items() if "replicas" in settings.model_fields_set})
+
+
+def _parsed_config(request: PlacementRequest) -> ConfigFile | None:
+    """The request's config, or None without one or when it does not parse."""
     try:
         if request.config_text is not None:
-            sourced = parse_config_source(request.config_text, str(request.config_path or "<config>"))
-        else:
-            sourced = load_config_source(request.config_path) if request.config_path else None
+            return parse_config_source(request.config_text, str(request.config_path or "<config>")).config
+        return load_config_source(request.config_path).config if request.config_path else None
     except StagevisorError:
-        return named
-    if sourced is not None and sourced.config.model_path is not None:
-        named.append((f"{request.config_path or 'the config'}'s model_path", sourced.config.model_path))
-    return named
+        return None
 
 
 def plan_placement(request: PlacementRequest) -> Plan:

@@ -616,3 +616,42 @@ def test_an_apply_naming_another_checkpoint_of_the_served_model_is_refused_befor
     assert f"give apply --model-path {served}" in refusals[0].message
     assert published == [f"apply refused: INVALID_CONFIG: {r.message}" for r in refusals]
     assert spawned == 1 and same.changed  # the served path plans (the declared topology, three groups)
+
+
+AUTOSCALED_VOCODER = """\
+model_path: demo
+stages:
+  - name: vocoder
+    process: vocoder
+processes:
+  vocoder:
+    autoscale: {min_replicas: 1, max_replicas: 3, target_first_audio_p90_seconds: 0.5}
+"""
+
+
+def test_an_apply_keeps_the_replicas_the_autoscaler_runs_unless_it_sets_the_count(tmp_path):
+    """The autoscaler had grown `vocoder` to 2 replicas; `apply --config` of the very config the daemon runs planned
+    it at its minimum, 1: "replicas 2 -> 1", every worker restarted to take capacity away under load. Now a group
+    that stays autoscaled keeps its running count (within the new bounds): the same config is no change, and a
+    count the request sets (--process-replicas) still wins."""
+    from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+
+    config = PlacementRequest(config_path="auto.yaml", config_text=AUTOSCALED_VOCODER)
+    narrowed = PlacementRequest(config_path="auto.yaml", config_text=AUTOSCALED_VOCODER.replace("3", "1"))
+    grown = rescale(plan_placement(config), "vocoder", 2)
+
+    async def scenario():
+        daemon = await started_daemon(grown, tmp_path, FakeLauncher(["ready"] * 3))
+        try:
+            _, same, _ = await daemon.apply_request(config, dry_run=True)
+            _, within, _ = await daemon.apply_request(narrowed, dry_run=True)
+            set_count = replace(config, process_replicas=("vocoder=1",))
+            _, fewer, _ = await daemon.apply_request(set_count, dry_run=True)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return same, within, fewer
+
+    same, within, fewer = asyncio.run(scenario())
+    assert not same.changed, same.render()
+    assert [g.details for g in within.groups if g.name == "vocoder"] == [("replicas 2 -> 1", "autoscale settings")]
+    assert [g.details for g in fewer.groups if g.name == "vocoder"] == [("replicas 2 -> 1",)]
