@@ -96,6 +96,22 @@ def _check_rate(rate: int) -> None:
         raise BadReference(f"the audio's sample rate is {problem}")
 
 
+def stored_rate_problem(rate: int) -> str | None:
+    """What is wrong with reference audio kept at `rate` Hz, to follow "its audio" (None: nothing): what
+    normalize_reference keeps is at a rate rate_problem takes and at most MAX_REFERENCE_SAMPLE_RATE (resampled
+    when higher), so that every request carrying it fits the gRPC service's limit. An uploaded voice stored before
+    either check is held to it when read back (voices.stored_voice_problem)."""
+    problem = rate_problem(rate)
+    if problem:
+        return f"has a sample rate of {problem}"
+    if rate > MAX_REFERENCE_SAMPLE_RATE:
+        return (
+            f"is kept at {rate} Hz, above the {MAX_REFERENCE_SAMPLE_RATE} Hz a request carries (an upload is "
+            "resampled to it now)"
+        )
+    return None
+
+
 def wav_bytes(samples: np.ndarray, rate: int) -> bytes:
     """float samples in [-1, 1] -> a 16-bit mono PCM WAV file."""
     pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()

@@ -23,7 +23,7 @@ from stagevisor.supervisor.config.voices import declared_names, declared_spellin
 from stagevisor.supervisor.http.names import PCM_SAMPLE_RATE
 from stagevisor.supervisor.http.options import model_options
 from stagevisor.supervisor.http.reference import BadReference, decode_base64_audio, normalize_reference
-from stagevisor.supervisor.http.voices import StoredVoice
+from stagevisor.supervisor.http.voices import StoredVoice, UnreadableVoice
 from stagevisor.models.registry import names_hub_id
 
 HTTP_PARAM = {"text": "input", "reference_transcript": "ref_text", "reference_audio": "ref_audio"}
@@ -71,7 +71,8 @@ class Served:
     """The voices the model declares (each with `id`, maybe `aliases`)."""
     voice_map: Mapping[str, str] = field(default_factory=dict)
     """Other names clients send -> the model's voice (OpenAI's names, the config's `voices`)."""
-    uploaded: Callable[[str], StoredVoice | None] = lambda name: None
+    uploaded: Callable[[str], StoredVoice | UnreadableVoice | None] = lambda name: None
+    """The uploaded voice of a name, or the entry holding it that cannot be read as one; None: no such entry."""
     speech: SpeechConfig = field(default_factory=SpeechConfig)
     sample_rate: int | None = None
     """--sample-rate: the rate of every format when a request gives none."""
@@ -225,6 +226,14 @@ def _voice_and_reference(data: Mapping[str, Any], served: Served, request: Speec
                 param="voice",
                 code="cloning_not_supported",
             )
+        # Listed as not usable, saying why (voices.voice_listing): a request naming it says the same, where it
+        # was told the voice did not exist, or failed on a `ref_audio` or `ref_text` the client never sent.
+        why = uploaded.reason if isinstance(uploaded, UnreadableVoice) else uploaded.problem and uploaded.stale_reason
+        if why:
+            raise ApiError(
+                400, f"uploaded voice {quote(name)} cannot be used: {why}", param="voice", code="voice_not_usable"
+            )
+        assert isinstance(uploaded, StoredVoice)
         request.reference_audio, request.reference_text = uploaded.audio, uploaded.transcript
     elif served.voices:
         known = ", ".join(repr(v["id"]) for v in served.voices)

@@ -66,7 +66,7 @@ class SpeechService:
             hub_id=served_hub_id(self.daemon.plan.model_path, self.settings),
             voices=voices,
             voice_map=voice_map(voices, self.daemon.voice_names),
-            uploaded=self.store.get if self.store is not None else (lambda name: None),
+            uploaded=self.store.find if self.store is not None else (lambda name: None),
             speech=self.settings.speech,
             sample_rate=self.settings.sample_rate,
         )

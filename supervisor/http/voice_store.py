@@ -27,6 +27,7 @@ import secrets
 import stat
 import threading
 import time
+import wave
 from pathlib import Path
 from typing import Iterator
 
@@ -40,6 +41,7 @@ from stagevisor.supervisor.http.voices import (
     VoiceNotRemovable,
     VoiceStoreFull,
     VoiceStoreUnavailable,
+    stored_voice_problem,
 )
 
 log = logging.getLogger("stagevisor.daemon")
@@ -73,6 +75,11 @@ class DirectoryVoiceStore:
     def get(self, name: str, *, with_audio: bool = True) -> StoredVoice | None:
         found = self._inspect(name, with_audio=with_audio)
         return found if isinstance(found, StoredVoice) else None
+
+    def find(self, name: str) -> StoredVoice | UnreadableVoice | None:
+        """What a request naming `name` finds: a voice (with its audio), an entry that cannot be read as one (so
+        the request can say what is wrong, not that there is no such voice), or None."""
+        return self._inspect(name, with_audio=True)
 
     def _inspect(self, name: str, *, with_audio: bool = False) -> StoredVoice | UnreadableVoice | None:
         """What holds `name` in the directory: a voice, an entry that cannot be read as one, or None (nothing)."""
@@ -239,14 +246,16 @@ def _read_voice(folder: Path, name: str, with_audio: bool) -> StoredVoice:
     transcript = str(meta.get("transcript", ""))
     transcript.encode()  # UnicodeEncodeError, a ValueError, for a lone surrogate
     audio = _read(folder / AUDIO_FILE) if with_audio else b""
-    if not with_audio and not stat.S_ISREG(os.lstat(folder / AUDIO_FILE).st_mode):
-        raise ValueError(f"{AUDIO_FILE} is not a regular file")
     return StoredVoice(
         name=name,
         transcript=transcript,
         seconds=seconds,
         created=int(meta.get("created", 0)),
         audio=audio,
+        # Held to the upload's checks as they are now: a voice stored before one was listed as usable, and every
+        # request naming it failed (a 192 kHz reference past the request's size limit, a transcript's control
+        # character), in words about a `ref_audio` or `ref_text` the client never sent.
+        problem=stored_voice_problem(transcript, _sample_rate(folder / AUDIO_FILE)),
     )
 
 
@@ -305,6 +314,22 @@ def _write(path: Path, data: bytes) -> None:
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sample_rate(path: Path) -> int:
+    """The sample rate a WAV file's header gives (its header alone is read); ValueError when it is none."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{AUDIO_FILE} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            try:
+                with wave.open(file, "rb") as wav:
+                    return wav.getframerate()
+            except (wave.Error, EOFError) as error:
+                raise ValueError(f"{AUDIO_FILE} is not a WAV file: {error or 'it ends inside its header'}") from None
     finally:
         os.close(fd)
 

@@ -22,7 +22,12 @@ from starlette.requests import Request
 from stagevisor.supervisor.dataplane.limits import CONTROL_CHARACTER
 from stagevisor.supervisor.http.errors import ApiError
 from stagevisor.supervisor.config.voices import declared_names
-from stagevisor.supervisor.http.reference import MAX_REFERENCE_BYTES, BadReference, normalize_reference
+from stagevisor.supervisor.http.reference import (
+    MAX_REFERENCE_BYTES,
+    BadReference,
+    normalize_reference,
+    stored_rate_problem,
+)
 from stagevisor.supervisor.numbers import whole_number
 
 VOICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")  # \Z: `$` would also match before a final newline
@@ -41,20 +46,54 @@ class StoredVoice:
     seconds: float
     created: int
     audio: bytes = b""
+    problem: str = ""
+    """What an upload's checks refuse in it now, though it was stored before they did (stored_voice_problem); ""
+    when nothing. Such a voice is listed as not usable, and a request naming it is refused, both saying so."""
+
+    @property
+    def stale_reason(self) -> str:
+        """Why a voice with a `problem` is not usable and what to do, for the client."""
+        return (
+            f"it was stored before uploads were checked for this: {self.problem}; DELETE it, then upload it again "
+            "(the upload is checked and converted as every upload is now)"
+        )
 
     def to_json(self, clones: bool) -> dict[str, Any]:
-        """Its listing entry; a model that cannot clone makes it unusable, `unusable_reason` saying so."""
+        """Its listing entry; a `problem`, or a model that cannot clone, makes it unusable, `unusable_reason` saying
+        so."""
         entry: dict[str, Any] = {
             "id": self.name,
             "type": "uploaded",
             "transcript": self.transcript,
             "duration_seconds": round(self.seconds, 3),
             "created_at": self.created,
-            "usable": clones,
+            "usable": clones and not self.problem,
         }
-        if not clones:
+        if self.problem:
+            entry["unusable_reason"] = self.stale_reason
+        elif not clones:
             entry["unusable_reason"] = CANNOT_CLONE
         return entry
+
+
+def transcript_problem(transcript: str) -> str | None:
+    """What is wrong with an uploaded voice's transcript (None: nothing), to follow "transcript": the one rule for
+    an upload and for a voice stored before the rule was (stored_voice_problem)."""
+    if len(transcript) > MAX_TRANSCRIPT_CHARS:
+        return f"has {len(transcript)} characters; the limit is {MAX_TRANSCRIPT_CHARS}"
+    control = CONTROL_CHARACTER.search(transcript)
+    if control:
+        return f"contains the control character {control.group()!r} at position {control.start()}; remove it"
+    return None
+
+
+def stored_voice_problem(transcript: str, sample_rate: int) -> str:
+    """What an upload's checks refuse in a stored voice (its transcript, and its audio's rate as the WAV file
+    stored says), "" when nothing: a voice stored before a check was made is held to it when read back, by the
+    same rules an upload is (transcript_problem, reference.stored_rate_problem)."""
+    problems = [f"its transcript {problem}" for problem in [transcript_problem(transcript)] if problem]
+    problems += [f"its audio {problem}" for problem in [stored_rate_problem(sample_rate)] if problem]
+    return "; ".join(problems)
 
 
 @dataclass(frozen=True)
@@ -181,6 +220,7 @@ class VoiceStore(Protocol):
 
     def list(self) -> list[StoredVoice | UnreadableVoice]: ...
     def get(self, name: str) -> StoredVoice | None: ...
+    def find(self, name: str) -> StoredVoice | UnreadableVoice | None: ...
     def add(self, name: str, audio: bytes, transcript: str, seconds: float) -> StoredVoice: ...
     def delete(self, name: str) -> bool:
         """True when removed, False when nothing has that name; VoiceNotRemovable for what the store won't touch."""
@@ -280,25 +320,13 @@ async def read_upload(request: Request, taken: TakenNames) -> tuple[str, bytes, 
         raise ApiError(
             409, f"voice name {name!r} is taken: {clash}; choose another name", param="name", code="voice_exists"
         )
-    if len(transcript) > MAX_TRANSCRIPT_CHARS:
-        raise ApiError(
-            400,
-            f"transcript has {len(transcript)} characters; the limit is {MAX_TRANSCRIPT_CHARS}",
-            param="transcript",
-            code="invalid_value",
-        )
     transcript = transcript.strip()
     # What every request carrying the voice is held to (limits.check_request_fields on reference_transcript): a
     # voice stored with a control character was listed as usable, and each request naming it got a 400 about a
-    # `ref_text` the client never sent.
-    control = CONTROL_CHARACTER.search(transcript)
-    if control:
-        raise ApiError(
-            400,
-            f"transcript contains the control character {control.group()!r} at position {control.start()}; remove it",
-            param="transcript",
-            code="invalid_value",
-        )
+    # `ref_text` the client never sent. A voice stored before is held to the same rule when read back.
+    problem = transcript_problem(transcript)
+    if problem:
+        raise ApiError(400, f"transcript {problem}", param="transcript", code="invalid_value")
     try:
         wav, seconds = normalize_reference(data)
     except BadReference as error:

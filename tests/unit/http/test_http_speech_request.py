@@ -383,7 +383,7 @@ def test_an_uploaded_voice_named_in_openais_id_form_is_read_off_the_event_loop()
     readers: list[threading.Thread] = []
 
     class Store:
-        def get(self, name: str) -> StoredVoice | None:
+        def find(self, name: str) -> StoredVoice | None:
             readers.append(threading.current_thread())
             return UPLOADED if name == "mine" else None
 

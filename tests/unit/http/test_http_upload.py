@@ -268,3 +268,65 @@ def test_a_name_mapped_onto_a_model_voice_that_is_not_usable_is_listed_as_not_us
     )
     usable = voice_listing([{"id": "heart"}], voice_map([{"id": "heart"}], {}), [], clones=True)
     assert all("usable" not in entry for entry in usable if entry["type"] == "alias")
+
+
+def stored_before_the_checks(voices, name: str, transcript: str, rate: int) -> None:
+    """A voice folder as a daemon from before the upload's newest checks left it (what it wrote, byte for byte)."""
+    import json
+
+    folder = voices / name
+    folder.mkdir(mode=0o700, parents=True)
+    (folder / "audio.wav").write_bytes(wav_bytes(np.zeros(rate, dtype=np.float32), rate))
+    meta = {"name": name, "transcript": transcript, "seconds": 1.0, "created": 1}
+    (folder / "voice.json").write_text(json.dumps(meta))
+
+
+def test_a_voice_stored_before_the_uploads_checks_is_listed_as_not_usable_and_a_request_naming_it_says_why(tmp_path):
+    """Before: both were listed as usable; a request naming the 192 kHz one (30 s of it is twice the request's
+    size limit) or the one with a control character got 400 about a `ref_audio` or `ref_text` it never sent."""
+    voices = tmp_path / "voices"
+    stored_before_the_checks(voices, "shrill", "said", 192000)
+    stored_before_the_checks(voices, "beeped", "said\x07 here", 16000)
+    stored_before_the_checks(voices, "fine", "said", 16000)
+    settings = SpeechSettings(speech=SpeechConfig(clones=True))
+    client = TestClient(create_app(FakeSpeechDaemon(), settings=settings, voice_store=DirectoryVoiceStore(voices)))
+    listed = {v["id"]: v for v in client.get("/v1/audio/voices").json()["voices"] if v["type"] == "uploaded"}
+    assert [listed[name]["usable"] for name in ("shrill", "beeped", "fine")] == [False, False, True]
+    reasons = {
+        "shrill": "its audio is kept at 192000 Hz, above the 48000 Hz a request carries (an upload is resampled to "
+        "it now)",
+        "beeped": "its transcript contains the control character '\\x07' at position 4; remove it",
+    }
+    for name, problem in reasons.items():
+        reason = (
+            f"it was stored before uploads were checked for this: {problem}; DELETE it, then upload it again (the "
+            "upload is checked and converted as every upload is now)"
+        )
+        assert listed[name]["unusable_reason"] == reason
+        speech = {"model": "fake", "input": "Hello.", "voice": name}
+        error = client.post("/v1/audio/speech", json=speech).json()["error"]
+        assert (error["code"], error["param"]) == ("voice_not_usable", "voice")
+        assert error["message"] == f"uploaded voice {name!r} cannot be used: {reason}"
+    # The upload is held to the same rule, in the same words.
+    refused = voice_upload(client, "again", "said\x07 here").json()["error"]
+    assert refused["message"] == f"transcript {reasons['beeped'].removeprefix('its transcript ')}"
+
+
+def test_a_voice_stored_at_a_rate_no_upload_takes_is_not_usable(tmp_path):
+    voices = tmp_path / "voices"
+    stored_before_the_checks(voices, "low", "", 4000)
+    (voice,) = DirectoryVoiceStore(voices).list()
+    assert voice.problem.startswith("its audio has a sample rate of 4000 Hz; 8000 to 192000 are accepted: resample")
+
+
+def test_a_request_naming_an_uploaded_voice_the_daemon_cannot_read_says_what_is_wrong_and_what_to_do(tmp_path):
+    """Before: 400 voice_not_found, `voice 'broken' is not available`, while GET /v1/audio/voices listed it."""
+    voices = tmp_path / "voices"
+    (voices / "broken").mkdir(mode=0o700, parents=True)
+    settings = SpeechSettings(speech=SpeechConfig(clones=True))
+    client = TestClient(create_app(FakeSpeechDaemon(), settings=settings, voice_store=DirectoryVoiceStore(voices)))
+    (listed,) = [v for v in client.get("/v1/audio/voices").json()["voices"] if v["type"] == "uploaded"]
+    error = client.post("/v1/audio/speech", json={"model": "fake", "input": "Hi.", "voice": "broken"}).json()["error"]
+    assert (error["code"], error["param"]) == ("voice_not_usable", "voice")
+    assert error["message"] == f"uploaded voice 'broken' cannot be used: {listed['unusable_reason']}"
+    assert listed["unusable_reason"].endswith("DELETE it, then upload it again") and str(voices) not in str(error)

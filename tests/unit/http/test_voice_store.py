@@ -8,6 +8,7 @@ import os
 import stat
 import threading
 
+import numpy as np
 import pytest
 
 from stagevisor.supervisor.http import voice_store
@@ -19,17 +20,26 @@ from stagevisor.supervisor.http.voices import (
     VoiceStoreFull,
     VoiceStoreUnavailable,
 )
+from stagevisor.supervisor.http.reference import wav_bytes
+
+
+def wav(seconds: float, rate: int = 16000) -> bytes:
+    """A WAV file as uploads store it (16-bit mono): `seconds` of silence at `rate` Hz."""
+    return wav_bytes(np.zeros(int(seconds * rate), dtype=np.float32), rate)
+
+
+AUDIO = wav(0.5)
 
 
 def test_a_voice_is_stored_privately_listed_read_back_and_deleted(tmp_path):
     store = DirectoryVoiceStore(tmp_path / "voices")
     assert store.list() == [] and not (tmp_path / "voices").exists()  # created on the first upload
-    store.add("narrator", b"RIFFdata", "hello", 1.5)
+    store.add("narrator", AUDIO, "hello", 1.5)
     assert stat.S_IMODE(os.stat(tmp_path / "voices").st_mode) == 0o700
     assert {stat.S_IMODE(os.stat(p).st_mode) for p in (tmp_path / "voices" / "narrator").iterdir()} == {0o600}
     again = DirectoryVoiceStore(tmp_path / "voices")  # what a restarted daemon sees
     voice = again.get("narrator")
-    assert (voice.audio, voice.transcript, voice.seconds) == (b"RIFFdata", "hello", 1.5)
+    assert (voice.audio, voice.transcript, voice.seconds) == (AUDIO, "hello", 1.5)
     assert [v.name for v in again.list()] == ["narrator"]
     assert again.delete("narrator") and again.get("narrator") is None and not again.delete("narrator")
     assert os.listdir(tmp_path / "voices") == []
@@ -37,10 +47,10 @@ def test_a_voice_is_stored_privately_listed_read_back_and_deleted(tmp_path):
 
 def test_a_duplicate_name_is_refused_and_the_first_voice_is_unchanged(tmp_path):
     store = DirectoryVoiceStore(tmp_path)
-    store.add("a", b"one", "", 1.0)
+    store.add("a", wav(1), "", 1.0)
     with pytest.raises(VoiceExists):
-        store.add("a", b"two", "", 1.0)
-    assert store.get("a").audio == b"one"
+        store.add("a", wav(2), "", 1.0)
+    assert store.get("a").audio == wav(1)
     assert [e for e in os.listdir(tmp_path) if e.startswith(".")] == []  # no staging left behind
 
 
@@ -52,7 +62,7 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr("stagevisor.supervisor.http.voice_store._write", fail)
     with pytest.raises(VoiceStoreUnavailable) as failed:
-        store.add("a", b"x", "", 1.0)
+        store.add("a", AUDIO, "", 1.0)
     assert failed.value.no_space and "No space left on device" in failed.value.reason
     assert os.listdir(tmp_path) == []
 
@@ -74,7 +84,7 @@ def test_links_and_odd_names_are_never_followed(tmp_path):
     link_root = tmp_path / "link-root"
     link_root.symlink_to(outside)
     with pytest.raises(VoiceStoreUnavailable) as refused:
-        DirectoryVoiceStore(link_root).add("a", b"x", "", 1.0)
+        DirectoryVoiceStore(link_root).add("a", AUDIO, "", 1.0)
     assert "voices directory" in refused.value.reason and "--voices-dir" in refused.value.reason
     assert "STAGEVISOR_RUNTIME_DIR" not in refused.value.reason
     assert not refused.value.no_space
@@ -83,10 +93,10 @@ def test_links_and_odd_names_are_never_followed(tmp_path):
 def test_the_store_is_bounded(tmp_path, monkeypatch):
     monkeypatch.setattr("stagevisor.supervisor.http.voice_store.MAX_VOICES", 2)
     store = DirectoryVoiceStore(tmp_path)
-    store.add("a", b"x", "", 1.0)
-    store.add("b", b"x", "", 1.0)
+    store.add("a", AUDIO, "", 1.0)
+    store.add("b", AUDIO, "", 1.0)
     with pytest.raises(VoiceStoreFull):
-        store.add("c", b"x", "", 1.0)
+        store.add("c", AUDIO, "", 1.0)
     assert MAX_VOICES > 2
 
 
@@ -94,7 +104,7 @@ def test_a_directory_that_cannot_be_made_is_unavailable_not_a_crash(tmp_path):
     (tmp_path / "file").write_text("")
     store = DirectoryVoiceStore(tmp_path / "file" / "voices")
     with pytest.raises(VoiceStoreUnavailable) as failed:
-        store.add("a", b"x", "", 1.0)
+        store.add("a", AUDIO, "", 1.0)
     assert "file is not a directory" in failed.value.reason and "--voices-dir" in failed.value.reason
     assert store.list() == [] and store.get("a") is None and not store.delete("a")
 
@@ -102,14 +112,14 @@ def test_a_directory_that_cannot_be_made_is_unavailable_not_a_crash(tmp_path):
 def test_a_rename_refused_by_the_os_is_unavailable_not_a_taken_name(tmp_path, monkeypatch):
     """Only EEXIST / ENOTEMPTY mean another upload won the name; EACCES, EROFS... are the directory's fault."""
     store = DirectoryVoiceStore(tmp_path)
-    store.add("kept", b"x", "", 1.0)
+    store.add("kept", AUDIO, "", 1.0)
 
     def refuse(source, target):
         raise OSError(errno.EROFS, "Read-only file system", str(source))
 
     monkeypatch.setattr("stagevisor.supervisor.http.voice_store.os.rename", refuse)
     with pytest.raises(VoiceStoreUnavailable) as upload:
-        store.add("a", b"x", "", 1.0)
+        store.add("a", AUDIO, "", 1.0)
     assert "Read-only file system" in upload.value.reason and not upload.value.no_space
     with pytest.raises(VoiceStoreUnavailable):
         store.delete("kept")
@@ -118,7 +128,7 @@ def test_a_rename_refused_by_the_os_is_unavailable_not_a_taken_name(tmp_path, mo
 
 def test_an_unreadable_store_lists_nothing_and_says_why(tmp_path, monkeypatch, caplog):
     store = DirectoryVoiceStore(tmp_path)
-    store.add("a", b"x", "", 1.0)
+    store.add("a", AUDIO, "", 1.0)
 
     def deny(path):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
@@ -148,7 +158,7 @@ def test_serve_s_check_and_an_upload_refuse_another_user_s_voices_directory_in_t
     words = f"voices directory {root} belongs to uid {owner}, not to this user (uid 54321)"
     assert unusable_reason(root) == words
     with pytest.raises(VoiceStoreUnavailable) as refused:
-        DirectoryVoiceStore(root).add("a", b"x", "", 1.0)
+        DirectoryVoiceStore(root).add("a", AUDIO, "", 1.0)
     assert refused.value.reason.startswith(words + ";") and "--voices-dir" in refused.value.reason
     assert DirectoryVoiceStore(root).get("a") is None
 
@@ -191,8 +201,8 @@ def test_concurrent_uploads_at_the_edge_of_the_cap_store_no_voice_beyond_it(tmp_
     monkeypatch.setattr("stagevisor.supervisor.http.voice_store.MAX_VOICES", 4)
     store = DirectoryVoiceStore(tmp_path)
     for name in ("a", "b", "c"):
-        store.add(name, b"x", "", 1.0)
-    assert uploads_at_once(monkeypatch, store, [(f"new{i}", b"x") for i in range(6)]) == ["full"] * 5 + ["stored"]
+        store.add(name, AUDIO, "", 1.0)
+    assert uploads_at_once(monkeypatch, store, [(f"new{i}", AUDIO) for i in range(6)]) == ["full"] * 5 + ["stored"]
     assert len(store.list()) == 4
     assert [e for e in os.listdir(tmp_path) if e.startswith(".")] == []
 
@@ -227,11 +237,11 @@ def test_a_folder_of_ours_that_cannot_be_read_is_listed_logged_once_deletable_an
     assert f"voice {tmp_path / 'empty'} cannot be read" in warnings[1]
     assert store.get("no-audio") is None and store.get("bad-json") is None
     with pytest.raises(VoiceExists) as taken:
-        store.add("empty", b"x", "", 1.0)
+        store.add("empty", AUDIO, "", 1.0)
     assert taken.value.unreadable == UnreadableVoice("empty", removable=True)
     assert all(store.delete(name) for name in names) and os.listdir(tmp_path) == []
-    store.add("empty", b"x", "", 1.0)
-    assert store.get("empty").audio == b"x"
+    store.add("empty", AUDIO, "", 1.0)
+    assert store.get("empty").audio == AUDIO
 
 
 @pytest.mark.parametrize(
@@ -252,7 +262,7 @@ def test_a_voice_json_cannot_carry_is_unreadable_not_a_failed_listing(tmp_path, 
     from stagevisor.supervisor.http.voices import voice_listing
 
     store = DirectoryVoiceStore(tmp_path)
-    store.add("damaged", b"x", "said", 1.0)
+    store.add("damaged", AUDIO, "said", 1.0)
     meta = tmp_path / "damaged" / voice_store.META_FILE
     written = json.loads(meta.read_text())
     meta.write_text(json.dumps(written).replace(json.dumps(written[field]), value))
@@ -276,11 +286,11 @@ def test_a_link_or_a_file_under_a_voice_name_is_listed_and_holds_its_name_but_is
     assert store.list() == held
     for entry in held:
         with pytest.raises(VoiceExists) as taken:
-            store.add(entry.name, b"x", "", 1.0)
+            store.add(entry.name, AUDIO, "", 1.0)
         assert taken.value.unreadable == entry
         with pytest.raises(VoiceNotRemovable):
             store.delete(entry.name)
-    store.add("mine", b"x", "", 1.0)  # the operator's entries take no place of the clients'
+    store.add("mine", AUDIO, "", 1.0)  # the operator's entries take no place of the clients'
     assert sorted(os.listdir(root)) == ["file", "linked", "mine"] and os.listdir(tmp_path) == ["voices"]
 
 
@@ -305,8 +315,8 @@ def test_another_users_folder_is_listed_but_neither_counted_nor_deleted(tmp_path
     with pytest.raises(VoiceNotRemovable):
         store.delete("broken")
     with pytest.raises(VoiceExists):
-        store.add("broken", b"x", "", 1.0)
-    store.add("mine", b"x", "", 1.0)
+        store.add("broken", AUDIO, "", 1.0)
+    store.add("mine", AUDIO, "", 1.0)
     assert sorted(os.listdir(root)) == ["broken", "mine"] and os.listdir(root / "broken") == ["voice.json"]
 
 
