@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
 from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartParser
 from starlette.requests import Request
 
 from stagevisor.supervisor.dataplane.limits import CONTROL_CHARACTER
@@ -291,9 +292,9 @@ async def read_upload(request: Request, taken: TakenNames) -> tuple[str, bytes, 
             code="audio_too_large",
         )
     try:
-        form = await Request(request.scope, _capped(request.receive, MAX_UPLOAD_BYTES)).form(
-            max_files=1, max_fields=8, max_part_size=64 * 1024
-        )
+        capped = Request(request.scope, _capped(request.receive, MAX_UPLOAD_BYTES))
+        parser = _TextPartsParser(capped.headers, capped.stream(), max_files=1, max_fields=8, max_part_size=64 * 1024)
+        form = await parser.parse()
     except ApiError:
         raise
     except Exception as error:  # starlette's MultiPartException, a malformed body
@@ -338,6 +339,29 @@ async def read_upload(request: Request, taken: TakenNames) -> tuple[str, bytes, 
 AUDIO_PARTS = ("audio", "audio_sample")
 """The names of an upload's file part: ours, and OpenAI's (its SDK's `client.audio.voices.create(audio_sample=...,
 consent=..., name=...)`; the consent id means nothing here and is ignored, as other fields are)."""
+
+
+class _TextPartsParser(MultiPartParser):
+    """starlette's multipart parser, except that a text field that is not in the form's charset (UTF-8 unless the
+    Content-Type names another, which starlette decodes) is refused, naming the field: starlette decodes it as
+    Latin-1 instead, and a transcript sent in another encoding was stored as that mojibake, listed as usable."""
+
+    def on_part_end(self) -> None:
+        part, charset = self._current_part, self._charset
+        if part.file is None:
+            try:
+                bytes(part.data).decode(charset)
+            except UnicodeDecodeError as error:
+                field, encoding, byte = part.field_name, charset.upper(), error.object[error.start]
+                raise ApiError(
+                    400,
+                    f"form field {field[:80]!r} is not valid {encoding} text (byte {byte:#04x} at offset "
+                    f"{error.start}); send it as {encoding}, or name its encoding in the Content-Type "
+                    "(multipart/form-data; charset=...)",
+                    param=field,
+                    code="invalid_value",
+                ) from None
+        super().on_part_end()
 
 
 def _audio_part(form: Any) -> UploadFile:

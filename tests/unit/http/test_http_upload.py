@@ -330,3 +330,38 @@ def test_a_request_naming_an_uploaded_voice_the_daemon_cannot_read_says_what_is_
     assert (error["code"], error["param"]) == ("voice_not_usable", "voice")
     assert error["message"] == f"uploaded voice 'broken' cannot be used: {listed['unusable_reason']}"
     assert listed["unusable_reason"].endswith("DELETE it, then upload it again") and str(voices) not in str(error)
+
+
+def test_a_transcript_that_is_not_utf8_is_refused_naming_the_field_and_stores_nothing(tmp_path):
+    """Before: starlette decoded any text that is not UTF-8 as Latin-1, which is right for Latin-1 alone (a cp1252
+    quote became a C1 control character, Shift-JIS mojibake), and stored it as the transcript, listed as usable.
+    The encoding is the client's to name: named in the Content-Type, it is decoded as named."""
+    client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
+    tone = np.zeros(16000, dtype=np.float32)
+    boundary = "b0undary"
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="name"\r\n\r\nnarrator\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="transcript"\r\n\r\n'
+    ).encode() + b"caf\xe9 au lait"
+    audio = wav_bytes(tone, 16000)
+    body += (
+        (
+            f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="audio"; filename="v.wav"\r\n'
+            "Content-Type: audio/wav\r\n\r\n"
+        ).encode()
+        + audio
+        + f"\r\n--{boundary}--\r\n".encode()
+    )
+    content_type = f"multipart/form-data; boundary={boundary}"
+    response = client.post("/v1/audio/voices", content=body, headers={"Content-Type": content_type})
+    error = response.json()["error"]
+    assert (response.status_code, error["code"], error["param"]) == (400, "invalid_value", "transcript")
+    assert error["message"] == (
+        "form field 'transcript' is not valid UTF-8 text (byte 0xe9 at offset 3); send it as UTF-8, or name its "
+        "encoding in the Content-Type (multipart/form-data; charset=...)"
+    )
+    assert not (tmp_path / "voices").exists()
+    # Named, the encoding is decoded as the client says.
+    declared = {"Content-Type": f"{content_type}; charset=iso-8859-1"}
+    response = client.post("/v1/audio/voices", content=body, headers=declared)
+    assert response.status_code == 201 and response.json()["transcript"] == "café au lait"
