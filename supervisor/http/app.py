@@ -31,7 +31,6 @@ from stagevisor.supervisor.http.batch import (
 )
 from stagevisor.supervisor import package_version
 from stagevisor.supervisor.http.errors import ApiError
-from stagevisor.supervisor.config.voices import declared_names
 from stagevisor.supervisor.http.names import SpeechSettings, voice_map
 from stagevisor.supervisor.http.openapi import Operation, document
 from stagevisor.supervisor.http.operations import OPERATIONS
@@ -43,13 +42,13 @@ from stagevisor.supervisor.http.service import SpeechDaemon, SpeechService
 from stagevisor.supervisor.http.speech import ClientGone, status_of, synthesize
 from stagevisor.supervisor.http.stream import speech_session
 from stagevisor.supervisor.http.voices import (
-    TakenNames,
     VoiceExists,
     VoiceNotRemovable,
     VoiceStore,
     VoiceStoreFull,
     VoiceStoreUnavailable,
     read_upload,
+    taken_names,
     voice_listing,
 )
 
@@ -183,7 +182,7 @@ def create_app(
                 404, "voice uploads are off on this daemon (serve --voices-dir DIR turns them on)", code="not_found"
             )
         declared = daemon.voices()
-        taken = TakenNames(declared_names(declared), voice_map(declared, daemon.voice_names))
+        taken = taken_names(declared, voice_map(declared, daemon.voice_names))
         name, audio, transcript, seconds = await read_upload(request, taken)
         try:
             voice = await asyncio.to_thread(voice_store.add, name, audio, transcript, seconds)

@@ -168,6 +168,20 @@ class TakenNames:
         return None
 
 
+def taken_names(declared: Sequence[Mapping[str, Any]], mapped: Mapping[str, str]) -> TakenNames:
+    """The names requests use, of the model's `declared` voices and the `mapped` names (names.voice_map): what an
+    upload may not take, and what hides an uploaded voice stored before it, by one rule.
+
+    A name mapped onto a voice the model lacks (a typo in the config's `voices`) takes no request
+    (request._model_voice: a request for it gets the uploaded voice of that name, or voice_not_found), so it is
+    neither listed, nor hides an uploaded voice, nor keeps one from being uploaded: an upload of it was refused
+    409 "it is mapped onto the model's voice 'hert'", a voice that is not there. serve's log names the entry for
+    the operator (names.unknown_voice_targets).
+    """
+    names = declared_names(declared)
+    return TakenNames(names, {name: target for name, target in mapped.items() if not declared or target in names})
+
+
 class VoiceExists(Exception):
     """An uploaded voice of that name is already stored; `unreadable` when what holds the name is not one the
     store can read."""
@@ -242,10 +256,9 @@ def voice_listing(
     saying which voice takes its requests, so that it can be uploaded again under another name. One the store
     cannot read is listed as `unreadable`. Every entry that is not usable says why in `unusable_reason`.
     """
-    ids = {str(v.get("id", "")) for v in declared}
     listing = [{**voice, "type": "model"} for voice in declared]
-    # A name mapped onto a voice the model lacks takes no request (request._model_voice): neither listed nor hiding.
-    effective = {name: target for name, target in mapped.items() if not declared or target in ids}
+    taken = taken_names(declared, mapped)
+    effective = taken.mapped
     # A model voice its stage lists as not usable (a Qwen3-TTS Base checkpoint's, which speaks only in a cloned
     # voice) is not usable by the names mapped onto it either.
     unusable = {str(v.get("id", "")): str(v.get("unusable_reason", "")) for v in declared if v.get("usable") is False}
@@ -255,7 +268,6 @@ def voice_listing(
             reason = f"it is mapped onto the model's voice {target!r}, which is not usable: {unusable[target]}"
             alias.update(usable=False, unusable_reason=reason)
         listing.append(alias)
-    taken = TakenNames(declared_names(declared), effective)
     for voice in uploaded:
         entry = voice.to_json(clones)
         if isinstance(voice, UnreadableVoice):

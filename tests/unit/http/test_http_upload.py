@@ -365,3 +365,25 @@ def test_a_transcript_that_is_not_utf8_is_refused_naming_the_field_and_stores_no
     declared = {"Content-Type": f"{content_type}; charset=iso-8859-1"}
     response = client.post("/v1/audio/voices", content=body, headers=declared)
     assert response.status_code == 201 and response.json()["transcript"] == "café au lait"
+
+
+def test_a_name_the_configs_voices_maps_onto_no_voice_of_the_model_may_be_uploaded_and_is_then_used(tmp_path):
+    """Such an entry takes no request (a request for the name gets the uploaded voice of that name), and the
+    listing neither lists it nor lets it hide an uploaded voice. Before: an upload of the name was refused 409
+    voice_exists, "it is mapped onto the model's voice 'hert'", a voice the model does not have; and an entry onto
+    one of the model's aliases, which requests take, was left out of the listing though an upload of it was 409."""
+    daemon = FakeSpeechDaemon(voices=[{"id": "heart", "aliases": ["af"]}])
+    daemon.voice_names = {"narrator": "hert", "teller": "af"}
+    settings = SpeechSettings(speech=SpeechConfig(clones=True))
+    client = TestClient(create_app(daemon, settings=settings, voice_store=DirectoryVoiceStore(tmp_path / "voices")))
+    assert voice_upload(client, "narrator").status_code == 201
+    taken = voice_upload(client, "teller").json()["error"]
+    assert (taken["code"], taken["message"]) == (
+        "voice_exists",
+        "voice name 'teller' is taken: it is mapped onto the model's voice 'af'; choose another name",
+    )
+    listing = client.get("/v1/audio/voices").json()["voices"]
+    aliases = {v["id"]: v["voice"] for v in listing if v["type"] == "alias"}
+    assert aliases["teller"] == "af" and "narrator" not in aliases
+    (uploaded,) = [v for v in listing if v["type"] == "uploaded"]
+    assert uploaded["id"] == "narrator" and uploaded["usable"] is True
