@@ -93,22 +93,29 @@ class DirectoryVoiceStore:
         foreign = not_private_dir(folder, info, "voice")
         if foreign is not None:
             return self._unreadable(name, foreign, removable=False)
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o700 != 0o700:  # a folder of mode 000 was listed as damaged and DELETE "removed" it: it could not
+            why = f"voice {folder} has mode {mode:03o}, not the 700 the daemon gave it, so it may not read or remove it"
+            return self._unreadable(name, why, removable=False, denied=True)
         try:
             return _read_voice(folder, name, with_audio)
+        except PermissionError as error:  # a file in it whose mode was changed (as for the folder, not as root)
+            return self._unreadable(name, f"voice {folder} cannot be read: {error}", removable=False, denied=True)
         except (OSError, ValueError, TypeError, OverflowError) as error:
             return self._unreadable(name, f"voice {folder} cannot be read: {error}", removable=True)
 
-    def _unreadable(self, name: str, why: str, *, removable: bool) -> UnreadableVoice:
+    def _unreadable(self, name: str, why: str, *, removable: bool, denied: bool = False) -> UnreadableVoice:
         """`name`'s UnreadableVoice, logged the first time it is seen for this reason."""
         if (name, why) not in self._reported:
             self._reported.add((name, why))
-            remedy = (
-                f"DELETE /v1/audio/voices/{name} removes it"
-                if removable
-                else f"the daemon will not remove it: move it out of {self.root}"
-            )
+            if denied:
+                remedy = f"`chmod -R u=rwX,go= {self.root / name}` makes it usable again; or move it out of {self.root}"
+            elif removable:
+                remedy = f"DELETE /v1/audio/voices/{name} removes it"
+            else:
+                remedy = f"the daemon will not remove it: move it out of {self.root}"
             log.warning("%s; it is listed as not usable and no voice can be uploaded under its name: %s", why, remedy)
-        return UnreadableVoice(name, removable)
+        return UnreadableVoice(name, removable, denied)
 
     def add(self, name: str, audio: bytes, transcript: str, seconds: float) -> StoredVoice:
         """Store a voice; VoiceExists when the name is taken, VoiceStoreFull at MAX_VOICES, VoiceStoreUnavailable

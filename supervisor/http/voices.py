@@ -110,10 +110,20 @@ class UnreadableVoice:
 
     name: str
     removable: bool
+    denied: bool = False
+    """A folder of the daemon's own user whose permissions were changed from the owner-only ones the daemon gave
+    it, so that the daemon may not read it (nor remove it, a folder of mode 000): not `removable`; its operator
+    restores them, which makes the voice usable again, or removes it."""
 
     @property
     def reason(self) -> str:
         """Why it is not usable and what frees its name, for the client."""
+        if self.denied:
+            return (
+                "the daemon may not read this uploaded voice's folder (its permissions were changed from the "
+                "owner-only ones the daemon gave it; the daemon log says which); the daemon's operator must restore "
+                "them, which makes the voice usable again, or remove it"
+            )
         if self.removable:
             return (
                 "the daemon cannot read this uploaded voice (its files are missing or damaged; the daemon log says "
@@ -196,6 +206,12 @@ class VoiceExists(Exception):
         name, unreadable = self.name, self.unreadable
         if unreadable is None:
             return f"a voice named {name!r} is already uploaded; DELETE it first or choose another name"
+        if unreadable.denied:
+            return (
+                f"voice name {name!r} is held by an uploaded voice whose folder the daemon may not read (its "
+                "permissions were changed; the daemon log says which); choose another name, or have the daemon's "
+                "operator restore its permissions or remove it"
+            )
         if unreadable.removable:
             return (
                 f"voice name {name!r} is held by an uploaded voice the daemon cannot read (its files are missing or "

@@ -387,3 +387,30 @@ def test_a_name_the_configs_voices_maps_onto_no_voice_of_the_model_may_be_upload
     assert aliases["teller"] == "af" and "narrator" not in aliases
     (uploaded,) = [v for v in listing if v["type"] == "uploaded"]
     assert uploaded["id"] == "narrator" and uploaded["usable"] is True
+
+
+def test_an_uploaded_voice_whose_folder_the_daemon_may_not_read_says_so_to_a_listing_a_request_and_a_delete(tmp_path):
+    voices = tmp_path / "voices"
+    stored_before_the_checks(voices, "locked", "said", 16000)
+    os.chmod(voices / "locked", 0)
+    try:
+        settings = SpeechSettings(speech=SpeechConfig(clones=True))
+        client = TestClient(create_app(FakeSpeechDaemon(), settings=settings, voice_store=DirectoryVoiceStore(voices)))
+        (listed,) = [v for v in client.get("/v1/audio/voices").json()["voices"] if v["type"] == "uploaded"]
+        reason = listed["unusable_reason"]
+        assert listed["usable"] is False and reason == (
+            "the daemon may not read this uploaded voice's folder (its permissions were changed from the owner-only "
+            "ones the daemon gave it; the daemon log says which); the daemon's operator must restore them, which "
+            "makes the voice usable again, or remove it"
+        )
+        speech = {"model": "fake", "input": "Hi.", "voice": "locked"}
+        error = client.post("/v1/audio/speech", json=speech).json()["error"]
+        assert (error["code"], error["message"]) == (
+            "voice_not_usable",
+            f"uploaded voice 'locked' cannot be used: {reason}",
+        )
+        refused = client.delete("/v1/audio/voices/locked")
+        assert (refused.status_code, refused.json()["error"]["code"]) == (409, "voice_not_removable")
+        assert refused.json()["error"]["message"] == f"voice 'locked' cannot be deleted: {reason}"
+    finally:
+        os.chmod(voices / "locked", 0o700)

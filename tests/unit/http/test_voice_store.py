@@ -339,3 +339,26 @@ def test_an_upload_removes_staging_and_trash_folders_a_daemon_that_died_left_an_
     assert not old.exists() and recent.exists()  # one of another daemon's uploads may be under way: kept
     assert link.is_symlink() and tmp_path.exists()
     assert [v.name for v in store.list()] == ["first", "second"]
+
+
+def test_a_voice_folder_whose_permissions_were_changed_says_so_and_is_not_removed_but_restored(tmp_path, caplog):
+    """Before: a folder of mode 000 was listed as damaged ("DELETE it, then upload it again"), and DELETE renamed it
+    to a hidden .delete- folder it could not empty (not as root), answering that it was deleted while the files
+    stayed; as root it was listed as usable. Its mode is what is wrong on disk, and restoring it is the remedy."""
+    store = DirectoryVoiceStore(tmp_path)
+    store.add("locked", AUDIO, "said", 0.5)
+    os.chmod(tmp_path / "locked", 0)
+    try:
+        assert store.list() == [UnreadableVoice("locked", removable=False, denied=True)]
+        with pytest.raises(VoiceNotRemovable):
+            store.delete("locked")
+        with pytest.raises(VoiceExists) as taken:
+            store.add("locked", AUDIO, "", 0.5)
+        assert "may not read" in taken.value.message()
+        (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warning.startswith(f"voice {tmp_path / 'locked'} has mode 000, not the 700 the daemon gave it")
+        assert f"`chmod -R u=rwX,go= {tmp_path / 'locked'}` makes it usable again" in warning
+        assert sorted(os.listdir(tmp_path)) == ["locked"]
+    finally:
+        os.chmod(tmp_path / "locked", 0o700)
+    assert store.get("locked").transcript == "said"
