@@ -4,7 +4,9 @@ The client sends JSON text messages:
 
 - `{"type": "start", ...}` first, optionally: the speech fields of a POST
   (model, voice, sample_rate, instructions, options...), without `input`;
-  `response_format` is `pcm` (16-bit mono, 24 kHz unless `sample_rate`).
+  `response_format` is `pcm` (16-bit mono, 24 kHz unless `sample_rate`). An
+  uploaded voice it names is read then, once: it is the session's voice to
+  its end, though it is deleted (or uploaded anew) meanwhile.
 - `{"type": "text", "text": "..."}`: more text; each complete sentence is
   spoken as soon as it is complete (and the one before it has been spoken);
   a piece with no letter or digit (an emoji alone, "...") is skipped, and so
@@ -333,6 +335,8 @@ class _Session:
         self.gateway = gateway
         self.rate_hint = rate_hint
         self.fields: dict[str, Any] = {"model": default_model, "response_format": "pcm"}
+        self.voice: tuple[bytes, str] | None = None
+        """The uploaded voice the start message named, as read then: (its audio, the transcript sent with it)."""
         self.spoken = 0
         self.speaking = False
         self.unsent = backlog.current()
@@ -351,10 +355,15 @@ class _Session:
             raise _bad("the stream sends binary audio frames; stream_format does not apply", "stream_format")
         fields = {**self.fields, **fields}
         try:
-            await self.parse({**fields, "input": PROBE_INPUT})
+            probe, _ = await self.parse({**fields, "input": PROBE_INPUT})
         except ApiError as error:
             raise SessionEnd(close_code(error), error) from None
         self.fields = fields
+        # An uploaded voice is read here, once, and is the session's voice to its end: each sentence read it again,
+        # so one after a DELETE was spoken without it (a model that declares no voices took the name for one of
+        # its own) or ended the session on voice_not_found, and one after a new upload of the name in that voice.
+        from_upload = probe.reference_audio and fields.get("ref_audio") is None
+        self.voice = (probe.reference_audio, probe.reference_text) if from_upload else None
 
     async def speak(self, sentences: asyncio.Queue) -> None:
         while (sentence := await sentences.get()) is not None:
@@ -365,6 +374,13 @@ class _Session:
                 self.speaking = False
             self.spoken += spoken
 
+    def _fields(self, text: str) -> dict[str, Any]:
+        """A sentence's request fields: the session's, less the uploaded voice's name (and a transcript sent for
+        it), which the voice read at start stands in for (`voice`)."""
+        if self.voice is None:
+            return {**self.fields, "input": text}
+        return {**{k: v for k, v in self.fields.items() if k not in ("voice", "ref_text")}, "input": text}
+
     async def _sentence(self, text: str) -> bool:
         """Speak one sentence; False when the model found nothing to say in it (skipped, as a piece with no letter
         or digit is); SessionEnd when it failed."""
@@ -372,7 +388,9 @@ class _Session:
         meter = metrics.start_request() if metrics else None
         try:
             try:
-                speech, served = await self.parse({**self.fields, "input": text})
+                speech, served = await self.parse(self._fields(text))
+                if self.voice is not None:
+                    speech.reference_audio, speech.reference_text = self.voice
             except ApiError as error:  # counted as POST /v1/audio/speech counts the same fields refused
                 finish(meter, status_of(error))
                 raise

@@ -303,3 +303,40 @@ def test_the_playground_of_a_daemon_that_requires_an_api_key_asks_for_it_then_sp
             )
             record = driver.execute_script("return window.lastPlayback")
             assert record["error"] is None and record["bytes"] > 44, record
+
+
+def sentence_audio(ws) -> tuple[dict, bytes]:
+    """One sentence the session speaks: its `audio.start` message and its PCM, read to its `audio.done`."""
+    start, audio = json.loads(ws.recv(timeout=60)), b""
+    assert start["type"] == "audio.start", start
+    while isinstance(message := ws.recv(timeout=60), bytes):
+        audio += message
+    assert json.loads(message)["type"] == "audio.done", message
+    return start, audio
+
+
+def test_a_voice_deleted_during_a_websocket_session_stays_the_sessions_voice_to_its_end(parrot):
+    """The session reads its uploaded voice once, when its start message names it. Before: each sentence read it
+    again, so a sentence after a DELETE was spoken without it (on this model, which declares no voices, the name
+    went to the stage as a voice of its own, which the parrot does not know: its own tone, not the voice), and on a
+    model that declares voices the session ended on voice_not_found."""
+    from websockets.sync.client import connect
+
+    reference = tone(0.75, frequency=440.0)
+    status, _ = upload(parrot.url, "sessioned", wav_bytes(reference, RATE))
+    assert status == 201
+    url = parrot.url.replace("http://", "ws://") + "/v1/audio/speech/stream"
+    with connect(url, open_timeout=30, proxy=None) as ws:
+        ws.send(json.dumps({"type": "start", "model": "parrot", "voice": "sessioned", "sample_rate": RATE}))
+        ws.send(json.dumps({"type": "text", "text": "The first one! The"}))
+        _, first = sentence_audio(ws)
+        status, _ = request(parrot.url, "DELETE", "/v1/audio/voices/sessioned")
+        assert status == 200 and "sessioned" not in voices(parrot.url)
+        ws.send(json.dumps({"type": "text", "text": " second one."}))
+        ws.send(json.dumps({"type": "end"}))
+        start, second = sentence_audio(ws)
+        assert json.loads(ws.recv(timeout=60)) == {"type": "done", "sentences": 2}
+    assert start["text"] == "The second one."
+    for heard in (first, second):
+        samples = np.frombuffer(heard, dtype="<i2").astype(np.float32) / 32767
+        assert samples.size == reference.size and np.abs(samples - reference).max() < 1e-3
