@@ -161,7 +161,7 @@ class TakenNames:
     """
 
     model: Mapping[str, str] = field(default_factory=dict)
-    """Every id and alias of the model's voices -> the voice's id (names.declared_names)."""
+    """Every id and alias of the model's voices -> the voice's id (config.voices.declared_names)."""
     mapped: Mapping[str, str] = field(default_factory=dict)
     """The names mapped onto the model's voices -> the voice ("": the model's default; names.voice_map)."""
 
