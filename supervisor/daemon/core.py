@@ -484,12 +484,13 @@ class Daemon(Generic[GatewayT]):
     def set_state(self, state: DaemonState) -> None:
         if state is self.state:
             return
-        was_serving = self.serving
+        was, was_serving = self.state, self.serving
         self.state = state
         if was_serving != self.serving:
             for listener in self.serving_listeners:
                 listener(self.serving)
             if state is DaemonState.DEGRADED:
                 systemd.notify("STATUS=degraded: a process group is not READY")
-            elif state is DaemonState.SERVING:
+            elif state is DaemonState.SERVING and was is DaemonState.DEGRADED:
+                # Only a recovery: the first SERVING of `start` goes out with READY=1, in one datagram.
                 systemd.notify(f"STATUS=serving {self._counted_groups()}")

@@ -50,3 +50,23 @@ def test_the_status_after_a_recovery_counts_process_groups_as_the_ready_status_d
     statuses = [field for fields in sent for field in fields if field.startswith("STATUS=serving")]
     assert statuses[-1] == "STATUS=serving 1 process group"
     assert statuses[-1] in {field for fields in sent if "READY=1" in fields for field in fields}
+
+
+def test_startup_sends_the_serving_status_once_with_ready(monkeypatch, tmp_path):
+    """A daemon reaching SERVING at startup sent `STATUS=serving ...` twice: once alone as its state changed, then
+    again with READY=1. systemd needs it once, with READY=1."""
+    import asyncio
+
+    from tests.fakes import FakeLauncher
+    from tests.unit.daemon.daemon_driver import cpu_plan, started_daemon
+
+    sent: list[tuple[str, ...]] = []
+    monkeypatch.setattr(systemd, "notify", lambda *fields: sent.append(fields) or True)
+
+    async def scenario():
+        daemon = await started_daemon(cpu_plan(*["pipeline"] * 4), tmp_path, FakeLauncher([]))
+        await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    asyncio.run(scenario())
+    serving = [fields for fields in sent if any(field.startswith("STATUS=serving") for field in fields)]
+    assert serving == [("READY=1", "STATUS=serving 1 process group")]
