@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from stagevisor.supervisor.metrics.buckets import LATENCY_BOUNDS
 from stagevisor.supervisor.metrics.totals import EdgeTotals, SeriesTotals
 
 GROUP_STATES = ("STOPPED", "STARTING", "READY", "BACKOFF", "STOPPING", "FAILED")
-_LE = [f"{b:g}" for b in LATENCY_BOUNDS] + ["+Inf"]
+_LE = [floatToGoString(b) for b in LATENCY_BOUNDS] + ["+Inf"]
+"""Bucket bounds spelled as prometheus_client spells its own Histograms' (`1.0`, not `1`): one bound, one label."""
 
 
 def _cumulative(counts: list[int]) -> list[tuple[str, int]]:

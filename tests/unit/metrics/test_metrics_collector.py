@@ -281,3 +281,22 @@ def test_edges_are_exported_in_a_stable_order_whatever_order_they_reported_in():
     text = generate_latest(metrics.registry).decode()
     lines = [line for line in text.splitlines() if line.startswith("stagevisor_edge_handoffs_total{")]
     assert [line.split('src="')[1][0] for line in lines] == ["a", "m", "z"]
+
+
+def test_every_histogram_family_writes_its_bucket_bounds_alike():
+    """stage_processing_seconds (the collector's) wrote `le="1"` where request_duration_seconds (a client Histogram)
+    wrote `le="1.0"`: one bound, two spellings, so a query joining the two by `le` matched nothing."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    metrics = DaemonMetrics("m", {"c": "g2"})
+    text = generate_latest(metrics.registry).decode()
+    bounds: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                bounds.setdefault(sample.labels["le"], set()).add(family.name)
+    spellings: dict[float, set[str]] = {}
+    for le in bounds:
+        spellings.setdefault(float(le), set()).add(le)
+    assert bounds["1.0"] >= {"stagevisor_stage_processing_seconds", "stagevisor_request_duration_seconds"}
+    assert {bound: les for bound, les in spellings.items() if len(les) > 1} == {}
