@@ -47,16 +47,18 @@ class ScaleGroupRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class ScaleGroupResponse(_message.Message):
-    __slots__ = ("name", "old_replicas", "new_replicas", "workers")
+    __slots__ = ("name", "old_replicas", "new_replicas", "workers", "pids")
     NAME_FIELD_NUMBER: _ClassVar[int]
     OLD_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     NEW_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     old_replicas: int
     new_replicas: int
     workers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., old_replicas: _Optional[int] = ..., new_replicas: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ...) -> None: ...
+    pids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., old_replicas: _Optional[int] = ..., new_replicas: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ..., pids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReplicaWorker(_message.Message):
     __slots__ = ("name", "replica", "gpu", "pid", "state", "restarts", "started_at", "physical_gpu", "device", "resources", "host", "node_id", "node")

@@ -160,7 +160,15 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 f"a new replica of group {request.name!r} failed to start{where}: {error.message}; "
                 "the group keeps its replicas, see `stagevisor status`",
             )
-        return admin_pb2.ScaleGroupResponse(name=request.name, old_replicas=old, new_replicas=new, workers=workers)
+        # No await since the scale: the topology is the one it left.
+        pids = _worker_pids(self.daemon.topology(), request.name)
+        return admin_pb2.ScaleGroupResponse(
+            name=request.name,
+            old_replicas=old,
+            new_replicas=new,
+            workers=workers,
+            pids=[pids.get(name) or 0 for name in workers],
+        )
 
     async def Apply(
         self, request: admin_pb2.ApplyRequest, context: grpc.aio.ServicerContext
@@ -235,3 +243,14 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 )
         finally:
             self.daemon.unsubscribe(queue)
+
+
+def _worker_pids(topology: TopologyReport, group: str) -> dict[str, int | None]:
+    """Worker name -> pid of `group`'s workers in `topology`: each replica's, or the single worker's under the
+    group's name."""
+    for report in topology.groups:
+        if report.name == group:
+            if report.workers:
+                return {worker.name: worker.pid for worker in report.workers}
+            return {report.name: report.pid}
+    return {}

@@ -64,7 +64,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "`stagevisor plan --process-replicas` checks it: a refusal (OVER_LIMIT, "
         "MISSING_FRACTION, TP_STAGE, MISSING_PROCESS) changes nothing.",
         epilog="examples:\n  stagevisor scale vocoder=3\n  stagevisor scale vocoder=3 --format json\n\n"
-        "--format json prints one object: {group, old_replicas, new_replicas, workers: [{name}]}; a refusal prints "
+        "--format json prints one object: {group, old_replicas, new_replicas, workers: [{name, pid}]}: the group's "
+        "workers after the change, each with its pid (null for one with no process now); a refusal prints "
         "{error: {code, message}}.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -189,16 +190,18 @@ def _scale(args: argparse.Namespace) -> int:
             msg = call(args, lambda stub: stub.ScaleGroup(request, timeout=START_WAIT))
         except grpc.RpcError as error:
             return _failed(args, error, f"the scale of group {group.strip()!r}")
+        # A daemon from before `pids` sends none: each worker's pid is then unknown (None), not a shorter list.
+        pids = [(name, (msg.pids[i] if i < len(msg.pids) else 0) or None) for i, name in enumerate(msg.workers)]
         if args.format == "json":
             report = {
                 "group": msg.name,
                 "old_replicas": msg.old_replicas,
                 "new_replicas": msg.new_replicas,
-                "workers": [{"name": name} for name in msg.workers],
+                "workers": [{"name": name, "pid": pid} for name, pid in pids],
             }
             print(json.dumps(report))
             return 0
-        workers = ", ".join(msg.workers)
+        workers = ", ".join(f"{name} pid {pid or '-'}" for name, pid in pids)
         if msg.old_replicas == msg.new_replicas:
             print(f"group {msg.name} already has {counted(msg.new_replicas, 'replica')} ({workers}): nothing changed")
         else:

@@ -314,6 +314,19 @@ class ScalingDaemon(FakeDaemon):
         raise self.refusal
 
 
+def test_a_scale_answers_each_worker_s_pid_as_the_topology_shows_it():
+    """The reply named the group's workers without their pids, which `status` shows: an operator scaling had to
+    look them up to know which process was which."""
+
+    class ScaledDaemon(FakeDaemon):
+        async def scale_group(self, name, replicas):
+            return 2, 1, ["vocoder"]
+
+    request = admin_pb2.ScaleGroupRequest(name="vocoder", replicas=1)
+    reply = call(AdminServicer(ScaledDaemon()).ScaleGroup(request, FakeServicerContext()))
+    assert list(reply.workers) == ["vocoder"] and list(reply.pids) == [103]
+
+
 def test_a_watcher_that_went_away_mid_write_is_unsubscribed_when_its_call_ends():
     # Its generator stays suspended at the write gRPC cancelled: its `finally` waits for the garbage collector.
     async def scenario():

@@ -96,7 +96,7 @@ def test_json_reports_the_scale_and_the_workers(capsys, monkeypatch, tmp_path):
         def ScaleGroup(self, request, timeout):
             assert (request.name, request.replicas) == ("vocoder", 2)
             return admin_pb2.ScaleGroupResponse(
-                name="vocoder", old_replicas=1, new_replicas=2, workers=["vocoder/0", "vocoder/1"]
+                name="vocoder", old_replicas=1, new_replicas=2, workers=["vocoder/0", "vocoder/1"], pids=[41, 0]
             )
 
     monkeypatch.setattr(workers, "call", lambda args, method: method(Stub()))
@@ -105,8 +105,23 @@ def test_json_reports_the_scale_and_the_workers(capsys, monkeypatch, tmp_path):
         "group": "vocoder",
         "old_replicas": 1,
         "new_replicas": 2,
-        "workers": [{"name": "vocoder/0"}, {"name": "vocoder/1"}],
+        "workers": [{"name": "vocoder/0", "pid": 41}, {"name": "vocoder/1", "pid": None}],
     }
+
+
+def test_json_of_a_daemon_that_sends_no_pids_still_lists_every_worker(capsys, monkeypatch, tmp_path):
+    """A daemon from before ScaleGroupResponse.pids: its workers are listed, their pids unknown (null)."""
+    import json
+
+    from stagevisor.supervisor._proto import admin_pb2
+
+    class Stub:
+        def ScaleGroup(self, request, timeout):
+            return admin_pb2.ScaleGroupResponse(name="vocoder", old_replicas=2, new_replicas=1, workers=["vocoder"])
+
+    monkeypatch.setattr(workers, "call", lambda args, method: method(Stub()))
+    assert main(["scale", "vocoder=1", "--admin-address", f"unix:{tmp_path}/admin.sock", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workers"] == [{"name": "vocoder", "pid": None}]
 
 
 @pytest.mark.parametrize(
@@ -159,9 +174,9 @@ def test_json_of_a_refusal_that_is_no_placement_error_is_an_error_object_on_stdo
 @pytest.mark.parametrize(
     "old, new, said",
     [
-        (1, 2, "scaled group vocoder: 1 -> 2 replicas (w)"),
-        (2, 1, "scaled group vocoder: 2 -> 1 replica (w)"),
-        (1, 1, "group vocoder already has 1 replica (w): nothing changed"),  # was "1 -> 1 replicas"
+        (1, 2, "scaled group vocoder: 1 -> 2 replicas (w pid 41)"),
+        (2, 1, "scaled group vocoder: 2 -> 1 replica (w pid 41)"),
+        (1, 1, "group vocoder already has 1 replica (w pid 41): nothing changed"),  # was "1 -> 1 replicas"
     ],
 )
 def test_the_table_says_what_the_scale_did_in_words(capsys, monkeypatch, tmp_path, old, new, said):
@@ -169,7 +184,9 @@ def test_the_table_says_what_the_scale_did_in_words(capsys, monkeypatch, tmp_pat
 
     class Stub:
         def ScaleGroup(self, request, timeout):
-            return admin_pb2.ScaleGroupResponse(name="vocoder", old_replicas=old, new_replicas=new, workers=["w"])
+            return admin_pb2.ScaleGroupResponse(
+                name="vocoder", old_replicas=old, new_replicas=new, workers=["w"], pids=[41]
+            )
 
     monkeypatch.setattr(workers, "call", lambda args, method: method(Stub()))
     assert main(["scale", f"vocoder={new}", "--admin-address", f"unix:{tmp_path}/admin.sock"]) == 0
