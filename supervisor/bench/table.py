@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
+
+REFUSED = "RESOURCE_EXHAUSTED"
+"""The status of a request the daemon's admission turned away (--max-concurrent-requests, --max-queued-requests)."""
 
 
 def _ms(value: float | None) -> str:
@@ -27,7 +31,7 @@ def _with_spread(row: dict[str, Any], name: str, value: float | None, scale: flo
 COLUMNS = (
     ("topology", "<", 34),
     ("load", ">", 6),
-    ("req/s", ">", 19),
+    ("ok req/s", ">", 19),
     ("audio s/s", ">", 19),
     ("ttfa p50 ms", ">", 22),
     ("ttfa p90 ms", ">", 11),
@@ -35,15 +39,33 @@ COLUMNS = (
     ("e2e p99 ms", ">", 10),
     ("rtf x", ">", 5),
     ("stall p90 ms", ">", 12),
-    ("errors n", ">", 8),
+    ("refused n", ">", 9),
+    ("failed n", ">", 8),
     ("req/s ratio x", ">", 13),
     ("ttfa Δ ms", ">", 9),
 )
-"""The table's columns, each header with its unit (x: a ratio, n: a count; load: c = clients, /s = requests/s)."""
+"""The table's columns, each header with its unit (x: a ratio, n: a count; load: c = clients, /s = requests/s).
+`ok req/s` and every figure after it are of the requests that completed; `refused n` and `failed n` count the
+others, so a run whose requests were mostly turned away shows it beside its throughput."""
 
 
 def _line(cells: list[str]) -> str:
     return " ".join(f"{cell:{align}{width}}" for cell, (_, align, width) in zip(cells, COLUMNS, strict=True)).rstrip()
+
+
+ERROR_WIDTH = 100
+"""Characters of a topology's error per line of the table."""
+
+
+def _print_error(label: str, error: dict[str, Any]) -> None:
+    """A topology that could not be measured: its code and its whole message (what to do is often at its end),
+    wrapped under the columns after its label."""
+    lines = textwrap.wrap(
+        f"{error['code']}: {error['message']}", width=ERROR_WIDTH, break_long_words=False, break_on_hyphens=False
+    ) or [""]
+    print(f"{label:<34} {lines[0]}")
+    for line in lines[1:]:
+        print(f"{'':<34} {line}")
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -54,11 +76,12 @@ def print_table(report: dict[str, Any]) -> None:
     for topology in report["topologies"]:
         label = topology["label"][:34]
         if topology["error"]:
-            print(f"{label:<34} {topology['error']['code']}: {topology['error']['message'][:90]}")
+            _print_error(label, topology["error"])
             continue
         for row in topology["rows"]:
             load = f"c{row['concurrency']}" if row["concurrency"] else f"{row['rate']:g}/s"
-            errors = sum(row["errors"].values())
+            refused = row["errors"].get(REFUSED, 0)
+            failed = sum(row["errors"].values()) - refused
             delta = row["ratios"].get("ttfa_p50_delta_seconds")
             noise = row.get("within_spread", {})
             ratio = _x(row["ratios"].get("requests_per_second"))
@@ -73,9 +96,10 @@ def print_table(report: dict[str, Any]) -> None:
                         _ms(row["ttfa"]["p90"]),
                         _with_spread(row, "latency_p50", row["latency"]["p50"], 1000, 1),
                         _ms(row["latency"]["p99"]),
-                        f"{(row['real_time_factor'] or 0):.2f}",
+                        _x(row["real_time_factor"]),
                         _ms(row["stall"].get("p90")),
-                        str(errors),
+                        str(refused),
+                        str(failed),
                         ratio + ("~" if noise.get("requests_per_second") else ""),
                         ("-" if delta is None else f"{delta * 1000:+.1f}") + ("~" if noise.get("ttfa_p50") else ""),
                     ]
@@ -86,6 +110,10 @@ def print_table(report: dict[str, Any]) -> None:
     print(
         "units: load cN = N clients in a closed loop, R/s = requests per second offered (open loop); "
         "s/s = audio seconds per wall second; ms = milliseconds; x = a ratio; n = a count"
+    )
+    print(
+        "ok req/s and the figures after it are of the requests that completed; refused n = turned away by the "
+        "daemon's admission (RESOURCE_EXHAUSTED), failed n = ended with any other error"
     )
     if any(any(row.get("within_spread", {}).values()) for t in report["topologies"] for row in t["rows"]):
         print("~: the difference from the first topology is within the spread of the runs (not a measured difference)")

@@ -221,7 +221,7 @@ def test_the_table_has_a_unit_in_every_column_the_spread_and_the_machine(capsys)
     print_table(report_of(base, other))
     out = capsys.readouterr().out
     header = out.splitlines()[1]
-    assert header.split()[:4] == ["topology", "load", "req/s", "audio"] and "ttfa p50 ms" in header
+    assert header.split()[:5] == ["topology", "load", "ok", "req/s", "audio"] and "ttfa p50 ms" in header
     assert "2.20 (2.00-2.40)" in out and "110.0 (100.0-120.0)" in out
     assert "0.98~" in out and "~: the difference from the first topology is within the spread" in out
     assert "machine: 2 of 2 CPUs usable; load average 3.5 (1 min) at the start, 4 at the end" in out
@@ -396,3 +396,37 @@ def test_one_topology_measured_names_no_best(failed):
         if failed
         else []
     )
+
+
+def test_the_table_counts_refused_requests_apart_from_failed_ones_beside_the_completed_throughput(capsys):
+    """A row whose requests were mostly refused by admission read `req/s 1.00 ... errors n 9`: neither what the
+    throughput counted nor that the errors were refusals."""
+    from stagevisor.supervisor.bench.table import COLUMNS, print_table
+
+    refused = result("declared", [(8, 1.0, 0.1)])
+    refused.rows[0].summary.errors = {"RESOURCE_EXHAUSTED": 90, "UNAVAILABLE": 2}
+    refused.rows[0].summary.real_time_factor = None
+    add_ratios([refused])
+    print_table(report_of(refused, repeats=1))
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("topology"))
+    row = next(line for line in lines if line.startswith("declared"))
+    cells = dict(zip([name for name, _, _ in COLUMNS][1:], row[35:].split(), strict=False))
+    assert "ok req/s" in header and "refused n" in header and "failed n" in header
+    assert row.split()[-4:-2] == ["90", "2"] and cells["ok req/s"] == "1.00"
+    assert "rtf x" in header and " 0.00 " not in row  # no real-time factor measured is "-", not 0.00
+    assert any("refused n = turned away by the daemon's admission" in line for line in lines)
+
+
+def test_a_topology_that_could_not_be_measured_shows_its_whole_error(capsys):
+    """The table cut a topology's error at 90 characters, often before the advice that ends it."""
+    from stagevisor.supervisor.bench.table import print_table
+
+    message = "every request was refused: " + "x" * 120 + " -- raise --max-concurrent-requests to measure it"
+    broken = TopologyResult(
+        Topology("declared", PlacementRequest()), error={"code": "REQUESTS_FAILED", "message": message}
+    )
+    print_table(report_of(broken, repeats=1))
+    out = capsys.readouterr().out
+    shown = " ".join(line[35:] for line in out.splitlines() if line[:34].strip() in ("declared", "") and line[35:])
+    assert f"REQUESTS_FAILED: {message}" in shown
