@@ -125,8 +125,11 @@ class Daemon:
         return pids
 
     def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM (drain, stop workers), then SIGKILL to the whole session after `timeout`."""
+        """SIGTERM (drain, stop workers), then SIGKILL to the whole session after `timeout`; then remove what a
+        daemon that was killed (by us, or by anyone during the run) could not: its shared-memory area."""
         import shutil
+
+        from stagevisor.supervisor.dataplane.shm import remove_orphan_areas
 
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -139,4 +142,7 @@ class Daemon:
                 except ProcessLookupError:
                     pass
                 self.proc.wait(timeout=30)
+        # A daemon ended by SIGKILL leaves its /dev/shm directory to the next daemon's start on this host; this
+        # one was ours, reaped above, so its pid names no one else's.
+        remove_orphan_areas(daemon=self.proc.pid)
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -246,9 +246,10 @@ def remove_area(path: Path) -> None:
     shutil.rmtree(path, onerror=lambda *args: log.debug("cannot remove %s", args[1], exc_info=args[2]))
 
 
-def remove_orphan_areas(root: Path | None = None) -> int:
+def remove_orphan_areas(root: Path | None = None, *, daemon: int | None = None) -> int:
     """Remove this user's areas whose daemon is gone (it was killed with SIGKILL); return how many.
 
+    `daemon`: only the areas of the daemon that had that pid (one its parent reaped: `stagevisor bench`'s).
     Skips anything that is not a directory of this user; never raises.
     """
     root = root if root is not None else shm_root()
@@ -260,6 +261,8 @@ def remove_orphan_areas(root: Path | None = None) -> int:
     for entry in entries:
         match = _AREA_NAME.match(entry.name)
         if match is None or int(match.group(1)) != os.getuid() or int(match.group(2)) == os.getpid():
+            continue
+        if daemon is not None and int(match.group(2)) != daemon:
             continue
         try:
             if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():

@@ -337,6 +337,8 @@ def test_a_daemon_that_dies_during_the_measurement_fails_its_topology_at_once(tm
     (topology,) = json.loads(stdout)["topologies"]
     assert topology["error"]["code"] == "DAEMON_FAILED"
     assert not list(tmp_path.glob("svbench*"))
+    # The killed daemon could not remove its shared-memory area; the bench that started it does.
+    assert [p.name for p in Path("/dev/shm").glob(f"stagevisor-{os.getuid()}-{daemon.pid}-*")] == []
 
 
 LIMITS_CONFIG = pipeline_config("bench-address")

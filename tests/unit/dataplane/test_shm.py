@@ -197,6 +197,20 @@ def test_the_areas_of_this_daemon_and_of_other_users_are_never_swept(tmp_path, m
     assert own.exists() and other_user.exists() and plain_file.exists()
 
 
+def test_a_sweep_for_one_daemon_removes_its_area_only(tmp_path, monkeypatch):
+    """What `stagevisor bench` runs once the daemon it started has ended: that daemon's area goes (a SIGKILL left
+    it), any other dead daemon's stays for its own user's next daemon start to judge."""
+    monkeypatch.setattr(shm, "pid_alive", lambda pid: False)
+    uid = os.getuid()
+    ours = tmp_path / f"stagevisor-{uid}-999997-{'a' * 16}"
+    other = tmp_path / f"stagevisor-{uid}-999996-{'b' * 16}"
+    for path in (ours, other):
+        path.mkdir()
+        (path / f"999995-{'c' * 16}").write_bytes(b"x")  # a worker's pooled file inside
+    assert shm.remove_orphan_areas(tmp_path, daemon=999997) == 1
+    assert not ours.exists() and other.exists()
+
+
 def test_sweeping_orphans_under_a_missing_root_removes_nothing(tmp_path):
     assert shm.remove_orphan_areas(tmp_path / "nowhere") == 0
 
