@@ -137,7 +137,8 @@ def format_topology(report: TopologyReport) -> str:
             link = f" ({e.src_group} -> {e.dst_group})" if e.transport != "in_process" else ""
             seen = ", ".join(f"{n} via {t}" for t, n in sorted(e.requests.items()))
             lines.append(
-                f"  {e.src} -> {e.dst} [{e.kind}] {e.transport}{link}" + (f"  requests: {seen}" if seen else "")
+                f"  {e.src} -> {e.dst} [{e.kind}] {e.transport}{link}"
+                + (f"  completed requests: {seen}" if seen else "")
             )
     for gpu in report.gpus:
         if gpu.total_bytes is not None:

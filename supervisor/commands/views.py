@@ -17,7 +17,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="show the running process groups, their pids, states and edges",
         description="Show the plan the daemon runs with runtime facts: per process group its worker pid, "
         "state, restarts, GPU and memory fraction (and whether it is enforced); per edge its "
-        "transport. --format json prints `stagevisor plan --format json` plus those fields.",
+        "transport and the completed requests that crossed it, by transport (a failed or cancelled request is "
+        "not counted here; stagevisor_edge_handoffs_total counts every handoff). --format json prints "
+        "`stagevisor plan --format json` plus those fields.",
         epilog="example: stagevisor topology --format json | jq '.groups[] | {name, pid, state}'",
     )
     add_admin_options(topology, formats=True)

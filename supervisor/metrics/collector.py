@@ -151,7 +151,9 @@ class WorkerCollector:
 
         handoffs = CounterMetricFamily(
             "stagevisor_edge_handoffs",
-            "Requests handed over an edge (a `next` payload or the opening of a stream), by transport.",
+            "Requests handed over an edge (a `next` payload or the opening of a stream), by transport: every handoff, "
+            "whether its request then completed, failed or was cancelled (`stagevisor topology` counts completed "
+            "requests only).",
             labels=["src", "dst", "transport"],
         )
         chunks = CounterMetricFamily(

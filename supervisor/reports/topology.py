@@ -325,7 +325,8 @@ class EdgeReport:
     src_group: str = ""
     dst_group: str = ""
     requests: Mapping[str, int] = field(default_factory=dict)
-    """Completed requests that crossed it, by transport."""
+    """Completed requests that crossed it, by transport: a request that failed or was cancelled is not counted
+    (stagevisor_edge_handoffs_total counts every handoff, theirs too)."""
 
     def to_json(self) -> JsonObject:
         return {

@@ -484,3 +484,10 @@ def test_restart_passes_force_on_and_a_gpu_without_room_is_a_coded_failed_precon
     assert daemon.restarts == [("vocoder", True)]
     assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert caught.value.details == "OVER_LIMIT: GPU 0 would carry 1.7"
+
+
+def test_the_topology_table_says_its_per_edge_requests_are_the_completed_ones():
+    """It read `requests: 3 via grpc` beside stagevisor_edge_handoffs_total, which also counts the handoffs of
+    requests that failed or were cancelled: two figures for "requests over an edge" that did not agree."""
+    table = format_topology(TopologyReport.from_json(runtime_topology()))
+    assert "preprocessing -> tts_engine [next] grpc (x -> y)  completed requests: 3 via grpc" in table

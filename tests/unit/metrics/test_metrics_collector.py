@@ -300,3 +300,14 @@ def test_every_histogram_family_writes_its_bucket_bounds_alike():
         spellings.setdefault(float(le), set()).add(le)
     assert bounds["1.0"] >= {"stagevisor_stage_processing_seconds", "stagevisor_request_duration_seconds"}
     assert {bound: les for bound, les in spellings.items() if len(les) > 1} == {}
+
+
+def test_the_handoff_counter_says_it_counts_the_handoffs_of_failed_and_cancelled_requests_too():
+    """Its HELP said "Requests handed over an edge" where `stagevisor topology`'s per-edge count, also "requests",
+    leaves failed and cancelled ones out: the HELP names the difference."""
+    help_text = next(
+        line
+        for line in generate_latest(DaemonMetrics("m", {"c": "g2"}).registry).decode().splitlines()
+        if line.startswith("# HELP stagevisor_edge_handoffs_total ")
+    )
+    assert "failed or was cancelled" in help_text and "`stagevisor topology` counts completed" in help_text
