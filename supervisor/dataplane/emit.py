@@ -119,6 +119,7 @@ class Emitter:
         trace: Any = (inv.trace, in_process_hop)
         if self.recorder is not None:
             trace = (trace, [in_process_hop, _now(), 0.0])
+            queue.edge = self.recorder.edge(inv.stage, dst, IN_PROCESS)  # looked up once per stream, not per chunk
         self._start(inv.state, dst, payload, trace, queue)
         return queue
 
@@ -148,6 +149,8 @@ class Emitter:
                 state.outbound[(inv.stage, dst)] = out
             if isinstance(out, ChunkQueue):
                 await out.put(chunk)  # the same object, handed over; waits while the queue is full
+                if out.edge is not None:
+                    out.edge.chunks += 1
                 continue
             await out.acquire()
             if state.cancelled or state.failed:

@@ -27,6 +27,9 @@ class ChunkQueue:
         self._writable = asyncio.Event()
         self._writable.set()
         self._on_consumed = on_consumed
+        self.edge: Any = None
+        """The EdgeStats (metrics/recorder.py) whose `chunks` an in-process producer's chunks count in; None: not
+        counted (metrics off, or a remote stream: its chunks are counted as they arrive)."""
 
     @property
     def ended(self) -> bool:

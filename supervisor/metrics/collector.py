@@ -157,7 +157,9 @@ class WorkerCollector:
             labels=["src", "dst", "transport"],
         )
         chunks = CounterMetricFamily(
-            "stagevisor_edge_chunks", "Stream chunks received over an edge.", labels=["src", "dst", "transport"]
+            "stagevisor_edge_chunks",
+            "Stream chunks received over an edge (in_process: handed to a stage of the same process).",
+            labels=["src", "dst", "transport"],
         )
         sent = CounterMetricFamily(
             "stagevisor_edge_bytes",

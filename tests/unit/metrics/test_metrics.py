@@ -118,6 +118,23 @@ def test_in_process_chain_counts_each_stage_and_handoff_and_reports_timings_with
     asyncio.run(scenario())
 
 
+def test_an_in_process_stream_counts_its_chunks():
+    """stagevisor_edge_chunks_total{transport="in_process"} stayed 0 however many chunks a stage streamed to another
+    stage of its own process: only chunks arriving over a link were counted."""
+
+    async def scenario():
+        runtime, recorder = recording_runtime(
+            [planned("b", next=["c"], stream_to=["c"]), planned("c")], {"b": Streamer(), "c": Drain()}
+        )
+        for request_id in ("r1", "r2"):
+            submit(runtime, "b", request_id=request_id)
+        assert await poll_until(lambda: runtime.links.bodies(SINK).count("done") == 2)
+        edges = {(e.src, e.dst, e.transport): e for e in recorder.collect().edges}
+        assert edges[("b", "c", "in_process")].chunks == 6  # three chunks per request
+
+    asyncio.run(scenario())
+
+
 class Gate:
     """Holds a request whose data says `wait` until the test opens its event."""
 
