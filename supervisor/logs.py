@@ -195,9 +195,24 @@ def bounded_traceback(text: str, line_limit: int = MAX_MESSAGE_CHARS, limit: int
     return f"{text[:half]}\n... [{len(text) - 2 * half} characters of traceback cut] ...\n{text[-half:]}"
 
 
+def _formatter(prefix: str) -> logging.Formatter:
+    return logging.Formatter(f"%(asctime)s %(levelname)s [{prefix}] %(name)s: %(message)s")
+
+
+class _PrefixedHandler(logging.StreamHandler):
+    """The stderr handler `configure` installs: `rename` finds it to change its prefix."""
+
+
 def configure(level: str, prefix: str) -> None:
     """Log to stderr at `level` with `prefix` (e.g. "daemon pid %(process)d") through one RepeatFilter."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [{prefix}] %(name)s: %(message)s"))
+    handler = _PrefixedHandler(sys.stderr)
+    handler.setFormatter(_formatter(prefix))
     handler.addFilter(RepeatFilter())
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=[handler])
+
+
+def rename(prefix: str) -> None:
+    """Write the lines from now on with `prefix` instead of `configure`'s (a worker a scale renamed)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, _PrefixedHandler):
+            handler.setFormatter(_formatter(prefix))

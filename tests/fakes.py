@@ -483,14 +483,23 @@ class FakeReplicaGateway:
         self.in_flight: dict[str, int] = {}
         self.told: list[dict[str, str]] = []
         """The workers (name -> address) each announcement went to, in order."""
+        self.names: list[dict[str, str]] = []
+        """Each announcement's worker names now, by the name each started under, in order."""
         self.text_limits: dict[str, int | None] = {}
         self.requests: set[str] = set()
         """The requests in flight (`request_ids`), which the test changes."""
 
-    def push_replicas(self, sets: dict[str, tuple[str, ...]], lost: tuple[str, ...], workers: dict[str, str]) -> int:
+    def push_replicas(
+        self,
+        sets: dict[str, tuple[str, ...]],
+        lost: tuple[str, ...],
+        workers: dict[str, str],
+        names: dict[str, str] | None = None,
+    ) -> int:
         self.version += 1
         self.calls.append(("push", self.version, dict(sets), tuple(lost)))
         self.told.append(dict(workers))
+        self.names.append(dict(names or {}))
         return self.version
 
     async def wait_replicas(self, version: int, workers: dict[str, str], timeout: float) -> list[str]:

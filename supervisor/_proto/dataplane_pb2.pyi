@@ -83,14 +83,23 @@ class Peer(_message.Message):
     def __init__(self, address: _Optional[str] = ..., node_id: _Optional[str] = ..., tcp: _Optional[str] = ...) -> None: ...
 
 class Replicas(_message.Message):
-    __slots__ = ("version", "sets", "lost")
+    __slots__ = ("version", "sets", "lost", "names")
+    class NamesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SETS_FIELD_NUMBER: _ClassVar[int]
     LOST_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
     version: int
     sets: _containers.RepeatedCompositeFieldContainer[ReplicaSet]
     lost: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, version: _Optional[int] = ..., sets: _Optional[_Iterable[_Union[ReplicaSet, _Mapping]]] = ..., lost: _Optional[_Iterable[str]] = ...) -> None: ...
+    names: _containers.ScalarMap[str, str]
+    def __init__(self, version: _Optional[int] = ..., sets: _Optional[_Iterable[_Union[ReplicaSet, _Mapping]]] = ..., lost: _Optional[_Iterable[str]] = ..., names: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ReplicaSet(_message.Message):
     __slots__ = ("address", "ready")

@@ -44,7 +44,11 @@ class ReplicaGateway(Protocol):
     """What ReplicaSets asks of the data plane's gateway: announce the rotation, hear it taken in, count requests."""
 
     def push_replicas(
-        self, sets: Mapping[str, tuple[str, ...]], lost: tuple[str, ...], workers: Mapping[str, str]
+        self,
+        sets: Mapping[str, tuple[str, ...]],
+        lost: tuple[str, ...],
+        workers: Mapping[str, str],
+        names: Mapping[str, str] | None = None,
     ) -> int: ...
 
     async def wait_replicas(self, version: int, workers: Mapping[str, str], timeout: float) -> list[str]: ...
@@ -187,7 +191,9 @@ class ReplicaSets:
         """Tell the gateway and every READY worker which replicas take requests (and which died)."""
         if not self.replicated:
             return 0
-        pushed: int = self.daemon.gateway.push_replicas(self._sets(), lost, self._targets())
+        # Each READY worker's name now, by the one it started under: one a scale renamed retitles itself.
+        names = {r.worker_name: r.name for r in self.daemon.runners.values() if r.state is GroupState.READY}
+        pushed: int = self.daemon.gateway.push_replicas(self._sets(), lost, self._targets(), names)
         return pushed
 
     async def announce(self) -> None:

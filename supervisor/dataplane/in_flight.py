@@ -92,7 +92,11 @@ class InFlight:
     # ---- replicas -------------------------------------------------------------------
 
     def push_replicas(
-        self, sets: Mapping[str, tuple[str, ...]], lost: tuple[str, ...], workers: Mapping[str, str]
+        self,
+        sets: Mapping[str, tuple[str, ...]],
+        lost: tuple[str, ...],
+        workers: Mapping[str, str],
+        names: Mapping[str, str] | None = None,
     ) -> int:
         """Announce which replicas take new requests (`sets`: group address -> READY replicas) and which died.
 
@@ -102,7 +106,7 @@ class InFlight:
         workers fail those they routed there.
         """
         self._replicas_version += 1
-        message = pb.Replicas(version=self._replicas_version, lost=list(lost))
+        message = pb.Replicas(version=self._replicas_version, lost=list(lost), names=dict(names or {}))
         for address, ready in sets.items():
             if address not in self.router.groups:
                 self._pin_in_flight(address)

@@ -132,6 +132,11 @@ class StageRuntime:
         goes on each (`leave`)."""
         self._leaving: pb.Frame | None = None
         """That last word, once said: a link dialled after it hears it at once."""
+        self.name = peer_name
+        """The name the daemon runs this worker under now: `peer_name` (the one it started with, which it answers
+        frames with) until a scale between one replica and more renames it (Replicas.names)."""
+        self.on_renamed: Callable[[str], None] | None = None
+        """Called with the new `name` when the daemon renames this worker (the worker's process title and logs)."""
 
     def on_hello(self, link: InboundLink) -> None:
         """Who dialled an inbound link: kept for `leave` (told at once when this worker has left)."""
@@ -262,6 +267,11 @@ class StageRuntime:
             self.router.set_ready(entry.address, entry.ready)
         for replica in message.lost:
             self.replica_lost(replica)
+        name = message.names.get(self.peer_name, "")
+        if name and name != self.name:
+            self.name = name
+            if self.on_renamed is not None:
+                self.on_renamed(name)
 
     def replica_lost(self, replica: str) -> None:
         """Fail the requests this worker routed to a replica that died, held here or already handed on."""

@@ -63,8 +63,7 @@ def _guard_parent(spec: WorkerSpec, lifeline: Connection) -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        name = (WORKER_COMM_PREFIX + spec.name).encode()[:15]
-        libc.prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+        _set_title(spec.name)
     # The parent may have died between fork and prctl; PDEATHSIG would not fire then.
     if os.getppid() != parent:
         os._exit(1)
@@ -106,10 +105,32 @@ async def _heartbeat(lifeline: Connection, interval: float) -> None:
         await asyncio.sleep(interval)
 
 
+def _set_title(name: str) -> None:
+    """Name this process `sv:<name>` (/proc/PID/comm keeps 15 bytes). Call it from the main thread: the name is
+    the calling thread's, and the main thread's is the process's."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p((WORKER_COMM_PREFIX + name).encode()[:15]), 0, 0, 0)
+
+
 def _configure_logging(spec: WorkerSpec) -> None:
     from stagevisor.supervisor import logs
 
-    logs.configure(spec.log_level, f"{spec.name} pid %(process)d")
+    logs.configure(spec.log_level, _log_prefix(spec.name))
+
+
+def _log_prefix(name: str) -> str:
+    return f"{name} pid %(process)d"
+
+
+def renamed(name: str) -> None:
+    """The daemon runs this worker under `name` now (a scale between one replica and more): its process title and
+    log lines say so, as `status` and `topology` do. Its data-plane peer name stays the one it started with."""
+    from stagevisor.supervisor import logs
+
+    _set_title(name)
+    logs.rename(_log_prefix(name))
+    log.info("this worker is %r now (its group was scaled)", name)
 
 
 async def _await_activation(activation: Connection, stop: asyncio.Event) -> Activation | None:
@@ -168,6 +189,7 @@ async def _serve(
             stamps["activated"] = time.time()
             spec = taking_over.apply(spec)
         endpoint = WorkerEndpoint(spec, stages)
+        endpoint.runtime.on_renamed = renamed
         await endpoint.start()
         stamps["bound"] = time.time()
     except StageBuildError as error:

@@ -255,6 +255,36 @@ def test_audio_is_bit_identical_with_one_and_three_vocoder_replicas(demo):
     assert single == demo.expected
 
 
+def test_the_worker_a_scale_renames_takes_its_new_name_in_its_title_and_log_lines():
+    """After `scale vocoder=1` from 2, status and topology named the remaining worker `vocoder` while its process
+    title stayed `sv:vocoder/0` and its log lines `[vocoder/0 pid N]`.
+
+    1. the demo with the vocoder in 2 replicas; `scale vocoder=1`
+    2. the remaining worker's /proc/PID/comm becomes `sv:vocoder`, its log lines say `[vocoder pid PID]`
+    3. `scale vocoder=2`: it is `sv:vocoder/0` again
+    """
+    with ServeProcess(
+        "--model-path", "demo", "--isolate-stage", "vocoder", "--process-replicas", "vocoder=2"
+    ) as daemon:
+        daemon.wait_serving(timeout=300)
+        down = daemon.cli("scale", "vocoder=1", "--format", "json")
+        assert down.returncode == 0, down.stderr
+        ((name, pid),) = [(w["name"], w["pid"]) for w in json.loads(down.stdout)["workers"]]
+        assert name == "vocoder" and [w["pid"] for w in workers_of(daemon.topology(), "vocoder")] == [pid]
+        comm = Path(f"/proc/{pid}/comm")
+        poll_until(lambda: comm.read_text().strip() == "sv:vocoder", timeout=30, message="the title sv:vocoder")
+        poll_until(
+            lambda: (
+                f"[vocoder pid {pid}] stagevisor.worker: this worker is 'vocoder' now" in daemon.log_path.read_text()
+            ),
+            timeout=30,
+            message="a log line under its new name",
+        )
+        up = daemon.cli("scale", "vocoder=2")
+        assert up.returncode == 0, up.stderr
+        poll_until(lambda: comm.read_text().strip() == "sv:vocoder/0", timeout=30, message="the title sv:vocoder/0")
+
+
 MOSS_YAML = """\
 model_path: OpenMOSS-Team/MOSS-TTS-v1.5
 stages:

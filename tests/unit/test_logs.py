@@ -155,3 +155,23 @@ def test_a_long_multi_line_traceback_keeps_its_first_frames_and_its_final_except
     assert cut.startswith("Traceback (most recent call last):") and cut.endswith("ValueError: the end")
     assert len(cut) < 1100 and "characters of traceback cut" in cut
     assert bounded_traceback("short\ntext") == "short\ntext"
+
+
+def test_a_renamed_worker_writes_its_new_name_in_every_later_line(monkeypatch):
+    """A worker a scale renamed (`vocoder/0` -> `vocoder`) went on logging `[vocoder/0 pid N]`."""
+    import sys
+
+    from stagevisor.supervisor import logs
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    logs.configure("INFO", "vocoder/0 pid 7")
+    logging.getLogger("stagevisor.worker").info("before")
+    logs.rename("vocoder pid 7")
+    logging.getLogger("stagevisor.worker").info("after")
+    before, after = stream.getvalue().splitlines()
+    assert "[vocoder/0 pid 7] stagevisor.worker: before" in before
+    assert "[vocoder pid 7] stagevisor.worker: after" in after

@@ -53,7 +53,7 @@ class SwitchingGateway(BrokenStopGateway):
     def retire(self, successor: object) -> None:
         pass
 
-    def push_replicas(self, sets: object, lost: object, workers: object) -> int:
+    def push_replicas(self, sets: object, lost: object, workers: object, names: object = None) -> int:
         return 0
 
     async def wait_replicas(self, version: int, workers: object, timeout: float) -> list[str]:
@@ -92,7 +92,9 @@ class AnnouncingGateway(SwitchingGateway):
         super().__init__(*args, admission=admission)
         self.sets: list[dict[str, tuple[str, ...]]] = []
 
-    def push_replicas(self, sets: dict[str, tuple[str, ...]], lost: tuple[str, ...], workers: object) -> int:
+    def push_replicas(
+        self, sets: dict[str, tuple[str, ...]], lost: tuple[str, ...], workers: object, names: object = None
+    ) -> int:
         self.sets.append(dict(sets))
         return len(self.sets)
 

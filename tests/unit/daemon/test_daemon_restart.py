@@ -316,7 +316,9 @@ def test_a_new_worker_that_dies_while_the_old_one_drains_fails_only_what_was_sen
         def fail_group(self, group: str, reason: str) -> None:
             self.failed_groups.append(group)
 
-        def push_replicas(self, sets: dict[str, tuple[str, ...]], lost: tuple[str, ...], workers: object) -> int:
+        def push_replicas(
+            self, sets: dict[str, tuple[str, ...]], lost: tuple[str, ...], workers: object, names: object = None
+        ) -> int:
             self.pushes.append((dict(sets), tuple(lost)))
             return 0
 

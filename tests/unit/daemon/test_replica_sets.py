@@ -296,6 +296,22 @@ def test_scaling_one_worker_to_two_renames_it_replica_0_and_announces_both_once_
     run(scenario)
 
 
+def test_a_scale_tells_each_worker_it_renamed_its_name_now():
+    """After `scale vocoder=1` from 3 the worker kept calling itself `vocoder/0` (its process title `sv:vocoder/0`,
+    its log lines `[vocoder/0 pid N]`) while status and topology named it `vocoder`: nothing told it. The announcement
+    after a scale carries every READY worker's name now, by the name it started under."""
+
+    async def scenario():
+        host = await started(replicas=3)
+        await asyncio.wait_for(host.replicas.scale("vocoder", 1), 10)
+        assert host.gateway.names[-1] == {"pipeline": "pipeline", "vocoder/0": "vocoder"}
+        await asyncio.wait_for(host.replicas.scale("vocoder", 2), 10)
+        assert host.gateway.names[-1]["vocoder/0"] == "vocoder/0"  # back to its first name
+        await host.stop()
+
+    run(scenario)
+
+
 def test_scaling_down_drains_the_highest_replicas_first_each_before_it_stops():
     async def scenario():
         host = await started(replicas=3)

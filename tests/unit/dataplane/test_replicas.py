@@ -417,3 +417,21 @@ def test_requests_sent_to_the_entry_groups_one_worker_count_on_its_replica_once_
     assert gateway.replica_in_flight(entry) == 1
     before.close()
     assert gateway.replica_in_flight(entry) == 0
+
+
+def test_a_worker_the_daemon_renames_hears_its_new_name_once_and_still_answers_with_its_first():
+    """A scale between one replica and more renames a running worker; the Replicas frame names it so. The worker
+    (its process title and log lines, supervisor/worker/main.py's `renamed`) hears each new name once, and keeps
+    acknowledging under the name it started with, which the daemon waits on."""
+    from stagevisor.supervisor._proto import dataplane_pb2 as pb
+    from tests.fakes import FakeInboundLink
+    from tests.unit.dataplane.runtime_driver import make_runtime, planned
+
+    runtime = make_runtime([planned("voc")], {"voc": object()})
+    heard: list[str] = []
+    runtime.on_renamed = heard.append
+    link = FakeInboundLink()
+    for version, name in enumerate(["test/0", "test/0", "test"], start=1):
+        runtime.on_frame(pb.Frame(replicas=pb.Replicas(version=version, names={"test": name, "other": "x"})), link)
+    assert heard == ["test/0", "test"] and runtime.name == "test"
+    assert {frame.src for frame in link.replies} == {"test"}
