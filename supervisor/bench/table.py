@@ -49,34 +49,40 @@ COLUMNS = (
 others, so a run whose requests were mostly turned away shows it beside its throughput."""
 
 
-def _line(cells: list[str]) -> str:
-    return " ".join(f"{cell:{align}{width}}" for cell, (_, align, width) in zip(cells, COLUMNS, strict=True)).rstrip()
+def _line(cells: list[str], label_width: int) -> str:
+    """One row; the topology column as wide as the longest label (at least its own width): a label cut short could
+    read as another topology's."""
+    widths = [
+        (align, max(width, label_width) if index == 0 else width) for index, (_, align, width) in enumerate(COLUMNS)
+    ]
+    return " ".join(f"{cell:{align}{width}}" for cell, (align, width) in zip(cells, widths, strict=True)).rstrip()
 
 
 ERROR_WIDTH = 100
 """Characters of a topology's error per line of the table."""
 
 
-def _print_error(label: str, error: dict[str, Any]) -> None:
+def _print_error(label: str, error: dict[str, Any], label_width: int) -> None:
     """A topology that could not be measured: its code and its whole message (what to do is often at its end),
     wrapped under the columns after its label."""
     lines = textwrap.wrap(
         f"{error['code']}: {error['message']}", width=ERROR_WIDTH, break_long_words=False, break_on_hyphens=False
     ) or [""]
-    print(f"{label:<34} {lines[0]}")
+    print(f"{label:<{label_width}} {lines[0]}")
     for line in lines[1:]:
-        print(f"{'':<34} {line}")
+        print(f"{'':<{label_width}} {line}")
 
 
 def print_table(report: dict[str, Any]) -> None:
     repeats = report["workload"].get("repeats", 1)
     if repeats > 1:
         print(f"medians of {repeats} interleaved runs per point, (min-max) over the runs")
-    print(_line([name for name, _, _ in COLUMNS]))
+    label_width = max([COLUMNS[0][2], *(len(t["label"]) for t in report["topologies"])])
+    print(_line([name for name, _, _ in COLUMNS], label_width))
     for topology in report["topologies"]:
-        label = topology["label"][:34]
+        label = topology["label"]
         if topology["error"]:
-            _print_error(label, topology["error"])
+            _print_error(label, topology["error"], label_width)
             continue
         for row in topology["rows"]:
             load = f"c{row['concurrency']}" if row["concurrency"] else f"{row['rate']:g}/s"
@@ -102,7 +108,8 @@ def print_table(report: dict[str, Any]) -> None:
                         str(failed),
                         ratio + ("~" if noise.get("requests_per_second") else ""),
                         ("-" if delta is None else f"{delta * 1000:+.1f}") + ("~" if noise.get("ttfa_p50") else ""),
-                    ]
+                    ],
+                    label_width,
                 )
             )
             label = ""
@@ -129,10 +136,10 @@ def print_table(report: dict[str, Any]) -> None:
             load = f"c{row['concurrency']}" if row["concurrency"] else f"{row['rate']:g}/s"
             parts = [
                 f"{g} {r['cpu_seconds'] if r['cpu_seconds'] is not None else '-'} s "
-                f"{(r['peak_rss_bytes'] or 0) / 2**20:.0f} MiB"
+                + ("- MiB" if r["peak_rss_bytes"] is None else f"{r['peak_rss_bytes'] / 2**20:.0f} MiB")
                 for g, r in row["resources"].items()
             ]
-            print(f"  {topology['label'][:34]:<34} {load:>6}: " + "; ".join(parts))
+            print(f"  {topology['label']:<{label_width}} {load:>6}: " + "; ".join(parts))
     if report["identical"] is not None:
         same = report["identical"]
         print(

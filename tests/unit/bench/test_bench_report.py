@@ -430,3 +430,19 @@ def test_a_topology_that_could_not_be_measured_shows_its_whole_error(capsys):
     out = capsys.readouterr().out
     shown = " ".join(line[35:] for line in out.splitlines() if line[:34].strip() in ("declared", "") and line[35:])
     assert f"REQUESTS_FAILED: {message}" in shown
+
+
+def test_two_topologies_whose_labels_differ_past_the_column_width_stay_apart_and_an_unknown_rss_is_no_zero(capsys):
+    """Labels were cut at 34 characters: `--isolate-stage vocoder --process-replicas vocoder=2` and `...=3` read as one
+    topology twice. A worker whose peak RSS was not measured read `0 MiB`."""
+    from stagevisor.supervisor.bench.table import print_table
+
+    two = result("--isolate-stage vocoder --process-replicas vocoder=2", [(1, 2.0, 0.1)])
+    three = result("--isolate-stage vocoder --process-replicas vocoder=3", [(1, 2.1, 0.1)])
+    three.rows[0].resources = {"vocoder/0": {"cpu_seconds": None, "peak_rss_bytes": None}}
+    add_ratios([two, three])
+    print_table(report_of(two, three, repeats=1))
+    out = capsys.readouterr().out
+    assert out.count("--isolate-stage vocoder --process-replicas vocoder=2 ") == 2  # its row and its resources
+    assert out.count("--isolate-stage vocoder --process-replicas vocoder=3 ") == 2
+    assert "vocoder/0 - s - MiB" in out and "0 MiB" not in out
