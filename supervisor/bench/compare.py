@@ -55,16 +55,39 @@ def _load(row: Row) -> str:
     return f"c{row.concurrency}" if row.concurrency else f"{row.rate:g} req/s"
 
 
-def failures(result: TopologyResult) -> str | None:
-    """`N of M requests failed (K CODE at LOAD, ...)` over a topology's rows, or None when every request succeeded.
+REFUSED = "RESOURCE_EXHAUSTED"
+"""The status of a request the daemon's admission turned away (--max-concurrent-requests, --max-queued-requests):
+counted as refused, not as failed."""
 
-    Failed requests are left out of its figures (loadgen.summarize): a run that mostly failed can read fast."""
-    failed = [(count, code, _load(row)) for row in result.rows for code, count in row.summary.errors.items() if count]
-    if not failed:
+
+def failures(result: TopologyResult) -> str | None:
+    """`N of M requests failed (K CODE at LOAD, ...)` over a topology's rows, refusals by admission said apart
+    (`N of M requests were refused (K RESOURCE_EXHAUSTED at LOAD)`), or None when every request succeeded.
+
+    Failed and refused requests are left out of its figures (loadgen.summarize): a run that mostly failed can read
+    fast."""
+    ended = [(count, code, _load(row)) for row in result.rows for code, count in row.summary.errors.items() if count]
+    if not ended:
         return None
     total = sum(row.summary.requests for row in result.rows)
-    where = ", ".join(f"{count} {code} at {load}" for count, code, load in failed)
-    return f"{sum(count for count, _, _ in failed)} of {total} requests failed ({where})"
+    refused = [item for item in ended if item[1] == REFUSED]
+    failed = [item for item in ended if item[1] != REFUSED]
+    parts = []
+    if refused:
+        parts.append(
+            f"{_counts(refused)} of {total} requests were refused by the daemon's admission ({_where(refused)})"
+        )
+    if failed:
+        parts.append(f"{_counts(failed)} of {total} requests failed ({_where(failed)})")
+    return "; ".join(parts)
+
+
+def _counts(items: Sequence[tuple[int, str, str]]) -> int:
+    return sum(count for count, _, _ in items)
+
+
+def _where(items: Sequence[tuple[int, str, str]]) -> str:
+    return ", ".join(f"{count} {code} at {load}" for count, code, load in items)
 
 
 def verdict(results: Sequence[TopologyResult]) -> list[str]:

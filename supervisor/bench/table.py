@@ -5,8 +5,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-REFUSED = "RESOURCE_EXHAUSTED"
-"""The status of a request the daemon's admission turned away (--max-concurrent-requests, --max-queued-requests)."""
+from stagevisor.supervisor.bench.compare import REFUSED
 
 
 def _ms(value: float | None) -> str:

@@ -446,3 +446,16 @@ def test_two_topologies_whose_labels_differ_past_the_column_width_stay_apart_and
     assert out.count("--isolate-stage vocoder --process-replicas vocoder=2 ") == 2  # its row and its resources
     assert out.count("--isolate-stage vocoder --process-replicas vocoder=3 ") == 2
     assert "vocoder/0 - s - MiB" in out and "0 MiB" not in out
+
+
+def test_the_summary_says_refused_requests_were_refused_not_that_they_failed():
+    """Requests admission turned away (RESOURCE_EXHAUSTED) were summed with failures: "92 of 100 requests failed
+    (90 RESOURCE_EXHAUSTED at c8, 2 UNAVAILABLE at c8)", where the table counts them apart."""
+    crowded = failing("declared", 1.0, 0.05, failed=0, served=8)
+    crowded.rows[0].summary.errors = {"RESOURCE_EXHAUSTED": 90, "UNAVAILABLE": 2}
+    crowded.rows[0].summary.requests = 100
+    add_ratios([crowded])
+    assert verdict([crowded])[0] == (
+        "`declared`: 90 of 100 requests were refused by the daemon's admission (90 RESOURCE_EXHAUSTED at c8); "
+        "2 of 100 requests failed (2 UNAVAILABLE at c8); its figures are of the requests that succeeded"
+    )
