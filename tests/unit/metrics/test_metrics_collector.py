@@ -311,3 +311,17 @@ def test_the_handoff_counter_says_it_counts_the_handoffs_of_failed_and_cancelled
         if line.startswith("# HELP stagevisor_edge_handoffs_total ")
     )
     assert "failed or was cancelled" in help_text and "`stagevisor topology` counts completed" in help_text
+
+
+def test_the_metrics_reference_names_every_transport_an_edge_is_counted_under():
+    """deploy/README.md listed in_process, grpc and shared_memory for the edge series' `transport`; a worker on
+    another node (--launcher ray) counts its edges under grpc_tcp, which a dashboard filtering by the list missed."""
+    from pathlib import Path
+
+    from stagevisor.supervisor.dataplane.trace import GRPC, GRPC_TCP, IN_PROCESS
+    from stagevisor.supervisor.metrics.recorder import SHARED_MEMORY
+
+    readme = (Path(__file__).resolve().parents[3] / "deploy" / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `stagevisor_edge_handoffs_total`"))
+    labels = row.split("|")[3]
+    assert all(transport in labels for transport in (IN_PROCESS, GRPC, GRPC_TCP, SHARED_MEMORY)), labels
