@@ -50,10 +50,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "where they are), then one line per lifecycle transition (STARTING, READY, BACKOFF, FAILED, ...) of "
         "every process group, with its pid and reason, one WARNING line when a group goes "
         "over its memory budget (NOTICE when it is back within) or a worker misses three heartbeats in a row "
-        "(NOTICE when it beats again), and a line for each apply (APPLIED, or WARNING "
-        "when the daemon refused it), until the daemon stops or "
-        "Ctrl-C. --format json prints one JSON object per line (`kind`: TRANSITION, APPLIED, WARNING, "
-        "NOTICE).",
+        "(NOTICE when it beats again), a line for each apply (APPLIED, or WARNING "
+        "when the daemon refused it), for each `stagevisor scale` that changed a group's count (SCALED, naming "
+        "its workers and pids after it) and for each autoscaling decision (AUTOSCALE), until the daemon stops "
+        "or Ctrl-C. --format json prints one JSON object per line (`kind`: TRANSITION, APPLIED, WARNING, "
+        "NOTICE, SCALED, AUTOSCALE).",
         epilog="example: stagevisor events &  stagevisor restart vocoder",
     )
     add_admin_options(events, formats=True)

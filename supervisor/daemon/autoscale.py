@@ -219,7 +219,7 @@ class AutoscaledDaemon(Protocol):
 
     def group_state(self, name: str) -> GroupState: ...
 
-    async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]: ...
+    async def scale_group(self, name: str, replicas: int, *, operator: bool = True) -> tuple[int, int, list[str]]: ...
 
     def publish(self, event: LifecycleEvent) -> None: ...
 
@@ -268,7 +268,7 @@ class DaemonAutoscaling:
         return Signals(current.replicas, in_flight, figures.requests, figures.first_audio_p90, figures.stall_p90)
 
     async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
-        return await self.daemon.scale_group(name, replicas)
+        return await self.daemon.scale_group(name, replicas, operator=False)  # its own AUTOSCALE event says it
 
     def autoscale_report(self, group: str, old: int, new: int, reason: str, applied: bool) -> None:
         """An autoscaling decision: a log line, an AUTOSCALE event and the decisions counter."""

@@ -271,14 +271,24 @@ class Daemon(Generic[GatewayT]):
         """Held while an apply, a scale or a restart beside a worker changes the topology (LiveChange.lock)."""
         return self.changes.lock()
 
-    async def scale_group(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
-        """Run `replicas` workers of a group; PlacementError when the plan's rules refuse it (nothing changes)."""
-        self._check_scalable(name)
-        return await run_locked(self.changes.lock(), lambda: self._scale(name, replicas))
+    async def scale_group(self, name: str, replicas: int, *, operator: bool = True) -> tuple[int, int, list[str]]:
+        """Run `replicas` workers of a group; PlacementError when the plan's rules refuse it (nothing changes).
 
-    async def _scale(self, name: str, replicas: int) -> tuple[int, int, list[str]]:
+        `operator`: an operator's `stagevisor scale`, which watchers hear of as a SCALED event once it changed the
+        count (the autoscaler publishes its own AUTOSCALE event instead)."""
+        self._check_scalable(name)
+        return await run_locked(self.changes.lock(), lambda: self._scale(name, replicas, operator))
+
+    async def _scale(self, name: str, replicas: int, operator: bool) -> tuple[int, int, list[str]]:
         self._check_scalable(name)  # again: a stop may have begun while an apply or another scale ran
-        return await self.replicas.scale(name, replicas)
+        old, new, workers = await self.replicas.scale(name, replicas)
+        if operator and new != old:
+            from stagevisor.supervisor.daemon.monitor import ConditionEvent
+
+            named = ", ".join(f"{worker} pid {self._runners[worker].pid or '-'}" for worker in workers)
+            text = f"from {old} to {counted(new, 'replica')} by an operator: {named}"
+            self.publish(ConditionEvent.now(name, self.replicas.group_state(name), text, "SCALED"))
+        return old, new, workers
 
     def _check_scalable(self, name: str) -> None:
         if self.state not in (DaemonState.SERVING, DaemonState.DEGRADED):

@@ -149,3 +149,32 @@ def test_a_crash_while_a_restart_without_a_pause_starts_its_new_worker_is_counte
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
 
     assert asyncio.run(scenario()) == (2, 2)
+
+
+def test_an_operator_scale_is_an_event_naming_the_workers_after_it(tmp_path):
+    """`stagevisor events` showed an autoscaling decision (AUTOSCALE) but nothing of an operator's `stagevisor
+    scale` beyond the workers' own transitions: not the new count, nor that `pipeline/0` went on as `pipeline`.
+
+    1. `pipeline` runs two replicas; the operator scales it to one, then to one again (nothing changes)
+    2. one SCALED event, naming the worker left and its pid; the autoscaler's path publishes none
+    """
+
+    async def scenario() -> list[tuple[str, str]]:
+        from tests.unit.daemon.daemon_driver import published_warnings
+
+        launcher = FakeLauncher([])
+        plan = rescale(cpu_plan("front", "front", "pipeline", "pipeline"), "pipeline", 2)
+        daemon = await started_daemon(plan, tmp_path, launcher, AnnouncingGateway)
+        events = daemon.subscribe()
+        try:
+            await asyncio.wait_for(daemon.scale_group("pipeline", 1), 30)
+            await asyncio.wait_for(daemon.scale_group("pipeline", 1), 30)
+            await asyncio.wait_for(daemon.scale_group("pipeline", 2, operator=False), 30)
+            pid = daemon.runners["pipeline/0"].pid
+            return [
+                (group, reason.replace(f"pid {pid}", "pid P")) for group, reason in published_warnings(events, "SCALED")
+            ]
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    assert asyncio.run(scenario()) == [("pipeline", "from 2 to 1 replica by an operator: pipeline pid P")]
