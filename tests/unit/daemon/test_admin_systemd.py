@@ -70,3 +70,29 @@ def test_startup_sends_the_serving_status_once_with_ready(monkeypatch, tmp_path)
     asyncio.run(scenario())
     serving = [fields for fields in sent if any(field.startswith("STATUS=serving") for field in fields)]
     assert serving == [("READY=1", "STATUS=serving 1 process group")]
+
+
+def test_a_scale_tells_systemd_the_workers_it_serves_now_once(monkeypatch, tmp_path):
+    """After `scale pipeline=1` from 2, `systemctl status` still read `serving 2 process groups (3 workers)`: the
+    STATUS line was sent at startup and on recovery only."""
+    import asyncio
+
+    from stagevisor.supervisor.placement.planner import rescale
+    from tests.fakes import FakeLauncher
+    from tests.unit.daemon.daemon_driver import AnnouncingGateway, cpu_plan, started_daemon
+
+    sent: list[tuple[str, ...]] = []
+    monkeypatch.setattr(systemd, "notify", lambda *fields: sent.append(fields) or True)
+
+    async def scenario():
+        plan = rescale(cpu_plan("front", "front", "pipeline", "pipeline"), "pipeline", 2)
+        daemon = await started_daemon(plan, tmp_path, FakeLauncher([]), AnnouncingGateway)
+        try:
+            await asyncio.wait_for(daemon.scale_group("pipeline", 1), 30)
+            await asyncio.wait_for(daemon.scale_group("pipeline", 1), 30)  # nothing changes: nothing sent
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    asyncio.run(scenario())
+    statuses = [field for fields in sent for field in fields if field.startswith("STATUS=serving")]
+    assert statuses == ["STATUS=serving 2 process groups (3 workers)", "STATUS=serving 2 process groups"]
