@@ -115,8 +115,8 @@ class Daemon(Generic[GatewayT]):
         self.drain_deadline = DrainDeadline()
         """When the shutdown's drain ends at the latest: each stop's grace, the shortest winning."""
         self.serving_listeners: list[Callable[[bool], None]] = []
-        self._systemd_status = ""
-        """The STATUS= line systemd was last sent (`_tell_systemd`), so that it hears each status once."""
+        self.systemd_status = systemd.StatusLine()
+        """The STATUS= line systemd hears, each status once."""
         self.events = EventFeed(ended=lambda: self.state is DaemonState.STOPPED)
         """The watchers of `stagevisor events`, and the recent events a new one gets first."""
         self._started = time.monotonic()
@@ -322,7 +322,7 @@ class Daemon(Generic[GatewayT]):
         self.set_state(DaemonState.SERVING)
         self.gateway.admission.starting = False
         counted_groups = self._counted_groups()
-        self._tell_systemd(f"STATUS=serving {counted_groups}", "READY=1")
+        self.systemd_status.tell(f"STATUS=serving {counted_groups}", "READY=1")
         log.info("READY: %s, %.1fs after serve started", counted_groups, time.time() - process_start())
         self.autoscaling.start()
 
@@ -504,19 +504,12 @@ class Daemon(Generic[GatewayT]):
             for listener in self.serving_listeners:
                 listener(self.serving)
             if state is DaemonState.DEGRADED:
-                self._tell_systemd("STATUS=degraded: a process group is not READY")
+                self.systemd_status.tell("STATUS=degraded: a process group is not READY")
             elif state is DaemonState.SERVING and was is DaemonState.DEGRADED:
                 # Only a recovery: the first SERVING of `start` goes out with READY=1, in one datagram.
-                self._tell_systemd(f"STATUS=serving {self._counted_groups()}")
-
-    def _tell_systemd(self, status: str, *fields: str) -> None:
-        """Send systemd `fields` (READY=1) and the STATUS= line `status`, unless only that status and it was the
-        last one sent."""
-        if fields or status != self._systemd_status:
-            self._systemd_status = status
-            systemd.notify(*fields, status)
+                self.systemd_status.tell(f"STATUS=serving {self._counted_groups()}")
 
     def _tell_systemd_workers(self) -> None:
         """A scale or an apply changed the groups or workers served: a SERVING daemon's STATUS counts them again."""
         if self.state is DaemonState.SERVING:
-            self._tell_systemd(f"STATUS=serving {self._counted_groups()}")
+            self.systemd_status.tell(f"STATUS=serving {self._counted_groups()}")

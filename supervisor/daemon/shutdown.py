@@ -84,6 +84,9 @@ class ShutdownHost(Protocol):
     def drain_deadline(self) -> DrainDeadline: ...
 
     @property
+    def systemd_status(self) -> systemd.StatusLine: ...
+
+    @property
     def run_dir(self) -> Path: ...
 
     @property
@@ -165,7 +168,7 @@ async def shut_down(host: ShutdownHost, drain_budget: float) -> None:
     await host.autoscaling.stop()
     await host.changes.abort_starting()
     try:
-        systemd.notify("STOPPING=1", "STATUS=draining")
+        host.systemd_status.tell("STATUS=draining", "STOPPING=1")
         host.drain_deadline.within(drain_budget)
         await step("drain in-flight requests", drain(host.gateway, host.drain_deadline))
         await step("stop the data plane", host.gateway.stop(1.0))

@@ -25,3 +25,17 @@ def notify(*fields: str) -> bool:
     except OSError:
         # Readiness notification is best effort: systemd times the unit out if it matters.
         return False
+
+
+class StatusLine:
+    """The daemon's STATUS= line to systemd, sent once per change: `tell` sends a status unless it is the one last
+    sent (other fields, such as READY=1, always go out, with the status in the same datagram)."""
+
+    def __init__(self) -> None:
+        self.last = ""
+        """The STATUS= line systemd was last sent."""
+
+    def tell(self, status: str, *fields: str) -> None:
+        if fields or status != self.last:
+            self.last = status
+            notify(*fields, status)

@@ -26,6 +26,23 @@ def test_notify_to_a_missing_socket_reports_failure(monkeypatch, tmp_path):
     assert systemd.notify("READY=1") is False
 
 
+def test_a_status_line_goes_out_once_per_change_and_with_every_other_field(monkeypatch):
+    sent: list[tuple[str, ...]] = []
+    monkeypatch.setattr(systemd, "notify", lambda *fields: sent.append(fields) or True)
+    line = systemd.StatusLine()
+    line.tell("STATUS=serving 1 process group", "READY=1")
+    line.tell("STATUS=serving 1 process group")
+    line.tell("STATUS=draining", "STOPPING=1")
+    line.tell("STATUS=draining", "STOPPING=1")
+    line.tell("STATUS=serving 1 process group")
+    assert sent == [
+        ("READY=1", "STATUS=serving 1 process group"),
+        ("STOPPING=1", "STATUS=draining"),
+        ("STOPPING=1", "STATUS=draining"),
+        ("STATUS=serving 1 process group",),
+    ]
+
+
 def test_the_status_after_a_recovery_counts_process_groups_as_the_ready_status_does(monkeypatch, tmp_path):
     """Back to SERVING after DEGRADED, systemd's STATUS read `serving 1 process groups` (and counted worker processes
     as groups) where the READY notification read `serving 1 process group`."""
