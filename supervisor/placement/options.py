@@ -9,7 +9,7 @@ from typing import Sequence
 from stagevisor.supervisor.config import NAME_PATTERN, ConfigFile, PipelineConfig, replicas_from_text
 from stagevisor.supervisor.errors import ErrorCode, PlacementError
 from stagevisor.supervisor.placement.groups import ReplicaRequest, group_key
-from stagevisor.supervisor.placement.wording import names_text
+from stagevisor.supervisor.placement.wording import listed_text, names_text
 
 
 @dataclass(frozen=True)
@@ -124,17 +124,14 @@ def resolve_stage(pipeline: PipelineConfig, name: str, option: str) -> str:
 def apply_assignments(pipeline: PipelineConfig, assignments: Sequence[Assignment]) -> PipelineConfig:
     """A copy of the pipeline with the requested processes; the input is left untouched."""
     resolved: dict[str, Assignment] = {}
-    seen: dict[str, Assignment] = {}
+    placing: dict[str, list[Assignment]] = {}
+    for assignment in assignments:
+        placing.setdefault(resolve_stage(pipeline, assignment.stage, assignment.option), []).append(assignment)
+    for stage, options in placing.items():
+        if len(options) > 1:
+            raise _duplicate_error(stage, options)
     for assignment in assignments:
         stage = resolve_stage(pipeline, assignment.stage, assignment.option)
-        if stage in seen:
-            raise PlacementError(
-                ErrorCode.DUPLICATE_ASSIGNMENT,
-                f"stage {stage!r} is placed twice ({seen[stage].option} and {assignment.option}); "
-                "name each stage once across --isolate-stage and --stage-process",
-                stages=[stage],
-            )
-        seen[stage] = assignment
         if pipeline.stage(stage).tp_size > 1:
             declared_process = pipeline.stage(stage).process or stage
             if _alone_request(assignment) or assignment.process == declared_process:
@@ -189,6 +186,39 @@ def apply_assignments(pipeline: PipelineConfig, assignments: Sequence[Assignment
         for s in pipeline.stages
     )
     return pipeline.model_copy(update={"stages": stages})
+
+
+def _duplicate_error(stage: str, options: Sequence[Assignment]) -> PlacementError:
+    """DUPLICATE_ASSIGNMENT naming every option that places `stage`, in an order that does not depend on the order
+    they were typed in (--isolate-stage first, then each option by its text), and which of them to drop."""
+    ordered = sorted(options, key=lambda a: (not a.isolate, a.option))
+    processes = dict.fromkeys(a.process for a in ordered)
+
+    def named(assignment: Assignment) -> str:
+        role = f", role {assignment.stage!r} is stage {stage!r}" if assignment.stage != stage else ""
+        return f"{assignment.option} (process {assignment.process!r}{role})"
+
+    if len(processes) == 1:  # they agree: keep the shortest way to say it
+        keep, *drop = ordered
+        advice = f"they all name process {keep.process!r}: keep {keep.option} and drop {_options_text(drop)}"
+    else:
+        advice = (
+            f"they name different processes ({listed_text(list(processes))}): keep the one that names the process you "
+            "want and drop the others"
+        )
+    times = "twice" if len(ordered) == 2 else f"{len(ordered)} times"
+    return PlacementError(
+        ErrorCode.DUPLICATE_ASSIGNMENT,
+        f"stage {stage!r} is placed {times} by {', '.join(named(a) for a in ordered)}; {advice}, so "
+        "that each stage is named once across --isolate-stage and --stage-process",
+        stages=[stage],
+    )
+
+
+def _options_text(options: Sequence[Assignment]) -> str:
+    """`--isolate-stage 'a'`, `... and ...`: the options as typed, already quoted."""
+    texts = [a.option for a in options]
+    return texts[0] if len(texts) == 1 else f"{', '.join(texts[:-1])} and {texts[-1]}"
 
 
 def _alone_request(assignment: Assignment) -> bool:

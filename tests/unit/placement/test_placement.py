@@ -367,3 +367,30 @@ def test_plan_stages_carry_factory_args_and_edges():
         {"model": "moss-tts-delay", "stage": "tts_engine"},
     )
     assert (stage.next, stage.stream_to, stage.gpu) == (("vocoder",), ("vocoder",), 0)
+
+
+def test_a_duplicate_names_every_option_in_an_order_that_does_not_depend_on_typing_order():
+    first = plan_error("qwen3-tts", isolate=["vocoder"], assign=["vocoder=b", "vocoder=a"])
+    second = plan_error("qwen3-tts", isolate=["vocoder"], assign=["vocoder=a", "vocoder=b"])
+    assert first.message == second.message
+    assert first.message.startswith(
+        "stage 'vocoder' is placed 3 times by --isolate-stage 'vocoder' (process 'vocoder'), "
+        "--stage-process 'vocoder=a' (process 'a'), --stage-process 'vocoder=b' (process 'b'); "
+        "they name different processes ('vocoder', 'a' and 'b'): keep the one that names the process you want "
+        "and drop the others"
+    )
+
+
+def test_a_duplicate_that_agrees_says_which_option_to_drop():
+    error = plan_error("qwen3-tts", isolate=["vocoder"], assign=[" vocoder = vocoder "])
+    assert error.code is ErrorCode.DUPLICATE_ASSIGNMENT
+    assert "is placed twice by" in error.message
+    assert (
+        "they all name process 'vocoder': keep --isolate-stage 'vocoder' and drop --stage-process ' vocoder = vocoder '"
+        in error.message
+    )
+
+
+def test_a_duplicate_through_a_role_says_which_stage_the_role_is():
+    error = plan_error("ming-omni-tts", isolate=["audio_decode"], assign=["vocoder=x"])
+    assert "--stage-process 'vocoder=x' (process 'x', role 'vocoder' is stage 'audio_decode')" in error.message
