@@ -44,7 +44,7 @@ from stagevisor.supervisor.placement.gpu_accounting import (
     gpu_users,
 )
 from stagevisor.supervisor.placement.groups import ReplicaRequest, crossing_links, group_key, layout_groups, replicate
-from stagevisor.supervisor.placement.options import apply_assignments, parse_assignments
+from stagevisor.supervisor.placement.options import Assignment, apply_assignments, parse_assignments, resolve_stage
 from stagevisor.supervisor.placement.runtime_fractions import check_runtime_fractions
 from stagevisor.supervisor.placement.structure import check_process_names, check_structure
 from stagevisor.supervisor.placement.wording import edge_text, fraction_text, fraction_value, listed_text
@@ -156,7 +156,11 @@ def plan_pipeline(
     declared_crossing = set(crossing_links(declared))
     split_by_options = [e for e in crossing if e not in declared_crossing] if moved else []
     recommended = _recommendations(placed, split_by_options)
-    groups = replicate(layout_groups(placed), replicas)
+    try:
+        laid_out = layout_groups(placed)
+    except PlacementError as error:
+        raise _option_spans_gpus(error, declared, placed, assignments) from None
+    groups = replicate(laid_out, replicas)
     shared = {gpu for gpu, users in gpu_users(groups).items() if len(users) > 1}
 
     placed, sources, warnings = _apply_recommendations(placed, recommended, shared)
@@ -178,6 +182,33 @@ def plan_pipeline(
     # Last: compared with the effective fractions, recommendations included.
     warnings += check_runtime_fractions(placed, groups, placement.strict_runtime_fractions, runtime_fraction_args)
     return _assemble(placed, groups, crossing, safe, placement, sources, warnings, changed, model, model_path)
+
+
+def _option_spans_gpus(
+    error: PlacementError, declared: PipelineConfig, placed: PipelineConfig, assignments: Sequence[Assignment]
+) -> PlacementError:
+    """GROUP_SPANS_GPUS as the placement options caused it: naming the options that moved a stage into the process,
+    not the config's `gpu:` entry (which is fine as declared); the error unchanged when no option moved one."""
+    if error.code is not ErrorCode.GROUP_SPANS_GPUS:
+        return error
+    moved = {s.name for s, d in zip(placed.stages, declared.stages, strict=True) if s.process != d.process}
+    options = {
+        a: stage
+        for a in assignments
+        if (stage := resolve_stage(declared, a.stage, a.option)) in moved & set(error.stages)
+    }
+    if not options:
+        return error
+    process = placed.stage(next(iter(options.values()))).process
+    on = ", ".join(f"{name!r} on GPU {placed.stage(name).gpus[0]}" for name in error.stages)
+    return PlacementError(
+        ErrorCode.GROUP_SPANS_GPUS,
+        f"{' and '.join(a.option for a in options)} would put stages on different GPUs in process {process!r} "
+        f"({on}); a process binds one GPU, so name another process for the stage on the other GPU, or drop the "
+        "option",
+        stages=error.stages,
+        gpu=error.gpu,
+    )
 
 
 def _unsafe_edge_error(

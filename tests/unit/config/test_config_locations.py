@@ -249,6 +249,21 @@ def test_a_process_spanning_gpus_points_at_the_gpu_the_config_set():
     assert_at(error, line_of(text, "here"), 21)
 
 
+def test_a_process_spanning_gpus_because_of_an_option_names_the_option_not_the_gpu_entry():
+    text = """
+    model_path: audar-tts
+    stages:
+      - {name: vocoder, process: vocoder, gpu: 1, runtime: {resources: {total_gpu_memory_fraction: 0.5}}}
+    """
+    error = plan_error(text, stage_processes=("vocoder=pipeline",))
+    assert error.code is ErrorCode.GROUP_SPANS_GPUS
+    assert error.location is None and error.gpu == 1
+    assert error.message.startswith(
+        "--stage-process 'vocoder=pipeline' would put stages on different GPUs in process 'pipeline' "
+        "('reference_encoder' on GPU 0, 'tts_engine' on GPU 0, 'vocoder' on GPU 1)"
+    )
+
+
 def test_an_unknown_model_path_points_at_the_key():
     text = """
     placement: {max_total_gpu_memory_fraction_per_gpu: 1.0}
