@@ -256,7 +256,8 @@ class ConfigFile(Frozen):
             return {}
         if not isinstance(value, Mapping):
             raise ValueError(f"processes must be a mapping of process name to settings, got {shown(value)}")
-        return value
+        # `vocoder:` with nothing under it (null) is a process with every setting left out, as `vocoder: {}`.
+        return {name: {} if settings is None else settings for name, settings in value.items()}
 
 
 def merge_overrides(pipeline: PipelineConfig, overrides: tuple[StageOverride, ...], source: str) -> PipelineConfig:
@@ -288,9 +289,11 @@ def merge_overrides(pipeline: PipelineConfig, overrides: tuple[StageOverride, ..
         base = merged[override.name].model_dump()
         for field in override.model_fields_set - {"name"}:
             value = getattr(override, field)
-            if field == "runtime" and value is not None:
+            if value is None and field in ("args", "runtime"):
+                continue  # a null section is one left out (Frozen): nothing of it changes
+            if field == "runtime":
                 base["runtime"] = _merge_runtime(base["runtime"], value)
-            elif field == "args" and value is not None:
+            elif field == "args":
                 # Keys are added or replaced, so the arguments a declaration's
                 # factory relies on survive an override that adds one option.
                 base["args"] = {**base["args"], **value}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import typing
 from typing import Annotated, Any, Mapping
 
 from pydantic import (
@@ -81,9 +82,36 @@ def _as_text_hint(value: Any) -> str:
 
 
 class Frozen(BaseModel):
-    """The base of every config model: unknown keys are refused, and a parsed config never changes."""
+    """The base of every config model: unknown keys are refused, and a parsed config never changes.
+
+    An optional section written as null (`placement: null`, `runtime: null`, `process_safe_edges: null`: a mapping
+    or list with a default) means the same as leaving it out, as YAML writes an empty section (`placement:`). A
+    field where null has a meaning of its own (`gpu: null`, a CPU stage) keeps it.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_sections_are_omitted(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        omitted = {name for name, value in data.items() if value is None and name in _null_sections(cls)}
+        return {name: value for name, value in data.items() if name not in omitted} if omitted else data
+
+
+def _null_sections(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of `model` that are sections with a default: a mapping, a list or a nested model that null does
+    not stand for (its type does not admit None)."""
+    sections = set()
+    for name, info in model.model_fields.items():
+        if info.is_required():
+            continue
+        annotation = info.annotation
+        kind = typing.get_origin(annotation) or annotation
+        if kind in (tuple, dict) or (isinstance(kind, type) and issubclass(kind, BaseModel)):
+            sections.add(name)
+    return frozenset(sections)
 
 
 class ResourcesConfig(Frozen):
@@ -268,6 +296,14 @@ class OptionSpec(Frozen):
     def _type(cls, value: str) -> str:
         if value not in OPTION_TYPES:
             raise ValueError(f"option type {shown(value)} is not one of {', '.join(OPTION_TYPES)}")
+        return value
+
+    @field_validator("minimum", "maximum", mode="before")
+    @classmethod
+    def _number(cls, value: Any, info: ValidationInfo) -> Any:
+        # One message for `int | float`, where pydantic gives one per member of the union.
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"{info.field_name} must be a number or null, got {shown(value)}")
         return value
 
     @field_validator("minimum", "maximum")

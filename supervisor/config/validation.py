@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 from pydantic import BaseModel, ValidationError
 
 from stagevisor.supervisor.config.locations import ConfigLocations, dotted
-from stagevisor.supervisor.errors import ConfigError, ErrorCode, KeyPath, Problem, clipped
+from stagevisor.supervisor.errors import ConfigError, ErrorCode, KeyPath, Problem, clipped, shown
 
 
 def validated(model: type[BaseModel], data: Any, where: str, config_path: KeyPath) -> Any:
@@ -53,6 +54,8 @@ def describe(
             )
         elif item["type"] in ("too_short", "too_long"):
             message = _length_message(item)
+        else:
+            message = _own_words(item, message)
         problems.append(Problem(where, message, location))
     parts = [
         str(replace(problem, location=None)) if index == 0 else str(problem) for index, problem in enumerate(problems)
@@ -78,3 +81,50 @@ def _length_message(item: Mapping[str, Any]) -> str:
         return f"needs at least {least} item{'' if least == 1 else 's'}, got {got}"
     most = context.get("max_length")
     return f"takes at most {most} item{'' if most == 1 else 's'}, got {got}"
+
+
+_EXPECTED = {
+    "model_type": "a mapping of settings",
+    "model_attributes_type": "a mapping of settings",
+    "dict_type": "a mapping",
+    "tuple_type": "a list",
+    "list_type": "a list",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+    "int_type": "a whole number",
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "finite_number": "a finite number",
+}
+"""pydantic's error types -> what the entry must be, in the operator's words (`Input should be a valid tuple`
+says `tuple`, a Python type, where the YAML has a list)."""
+
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+
+
+def _own_words(item: Mapping[str, Any], message: str) -> str:
+    """A pydantic message (`Input should be a valid dictionary or instance of RuntimeConfig`, `Input should be
+    greater than 0`) as `must be a mapping of settings, got 3`; a message a validator of ours wrote, unchanged."""
+    kind = item["type"]
+    value = item.get("input")
+    got = f", got {'null' if value is None else shown(value)}"
+    if kind in _EXPECTED:
+        return f"must be {_EXPECTED[kind]}{got}"
+    if kind in _BOUNDS:
+        if isinstance(value, float) and math.isnan(value):  # NaN fails every bound, whichever pydantic names
+            return "must be a number, got NaN"
+        bound = next(iter((item.get("ctx") or {}).values()), None)
+        shown_bound = f"{bound:g}" if isinstance(bound, (int, float)) else bound  # 600, not 600.0
+        return f"must be {_BOUNDS[kind]} {shown_bound}{got}"
+    context = item.get("ctx") or {}
+    if kind == "string_too_short":
+        least = context.get("min_length", 1)
+        return f"must not be empty{got}" if least == 1 else f"must be at least {least} characters{got}"
+    if kind == "string_too_long":  # the value itself may be long: say its length
+        return f"must be at most {context.get('max_length')} characters, got {len(str(value))}"
+    if message.startswith("Input should be "):  # any other pydantic check: its wording, in our form
+        return f"must be {message.removeprefix('Input should be ')}{got}"
+    return message

@@ -244,7 +244,9 @@ def configuration_reference() -> str:
         "nothing is modified in place, each layer makes a changed copy. Unknown keys, wrong types, empty names, "
         "fractions outside (0, 1] and NaN are refused with `FILE:LINE:COLUMN:` and the field, as are structure "
         "errors (an unknown `next` or `stream_to` target, a cycle, a stage declared twice) and placement errors "
-        "about an entry of the file. Examples: "
+        "about an entry of the file. A section written as null (`placement: null`, `stages: null`, `runtime: null`, "
+        "a `processes:` entry with nothing under it) means the same as leaving it out; where null has a meaning of "
+        "its own, the field's row says so (`gpu: null` is a CPU stage). Examples: "
         "[../guides/topology.md](../guides/topology.md#configuration-files) and `deploy/examples/`.",
         "",
     ]

@@ -171,7 +171,7 @@ def test_every_one_of_several_schema_errors_leads_with_its_file_line_and_column_
     error = config_error("stages:\n  - name: vocoder\n    proces: x\n  - name: engine\n    runtime: 5\nbogus: 1\n")
     assert error.message == (
         "cfg.yaml:3:5: stages[0].proces: unknown key (not part of the schema; check the spelling); "
-        "cfg.yaml:5:5: stages[1].runtime: Input should be a valid dictionary or instance of RuntimeConfig; "
+        "cfg.yaml:5:5: stages[1].runtime: must be a mapping of settings, got 5; "
         "cfg.yaml:6:1: bogus: unknown key (not part of the schema; check the spelling)"
     )
     body = error.to_json()["error"]
@@ -181,7 +181,7 @@ def test_every_one_of_several_schema_errors_leads_with_its_file_line_and_column_
         ("stages[1].runtime", "cfg.yaml", 5, 5),
         ("bogus", "cfg.yaml", 6, 1),
     ]
-    assert body["problems"][1]["message"] == "Input should be a valid dictionary or instance of RuntimeConfig"
+    assert body["problems"][1]["message"] == "must be a mapping of settings, got 5"
 
 
 def test_one_schema_error_has_no_list_of_problems_in_json():
@@ -419,13 +419,13 @@ def test_processes_are_a_mapping_keyed_by_valid_process_names(text, problem):
 def test_a_process_node_is_a_non_empty_ray_resource_name():
     assert processes_of("processes:\n  vocoder: {node: a}\n")["vocoder"].node == "a"
     error = config_error("model_path: demo\nprocesses:\n  vocoder: {node: ''}\n")
-    assert "cfg.yaml:3:13: processes.vocoder.node: String should have at least 1 character" in error.message
+    assert "cfg.yaml:3:13: processes.vocoder.node: must not be empty, got ''" in error.message
 
 
 def test_a_process_node_name_is_at_most_200_characters():
     assert processes_of(f"processes:\n  vocoder: {{node: {'n' * 200}}}\n")["vocoder"].node == "n" * 200
     error = config_error(f"model_path: demo\nprocesses:\n  vocoder: {{node: {'n' * 201}}}\n")
-    assert "cfg.yaml:3:13: processes.vocoder.node: String should have at most 200 characters" in error.message
+    assert "cfg.yaml:3:13: processes.vocoder.node: must be at most 200 characters, got 201" in error.message
 
 
 def test_the_length_message_says_item_for_one_and_items_for_more():
@@ -480,25 +480,25 @@ def test_autoscale_defaults_are_the_documented_ones():
 
 
 AUTOSCALE_BOUNDS = [
-    ("target_first_audio_p90_seconds", (0.5, 600), ((0, "greater than 0"), (600.5, "less than or equal to 600"))),
+    ("target_first_audio_p90_seconds", (0.5, 600), ((0, "> 0"), (600.5, "<= 600"))),
     (
         "target_stall_p90_seconds",
         (0, 600),
-        ((-0.5, "greater than or equal to 0"), (600.5, "less than or equal to 600")),
+        ((-0.5, ">= 0"), (600.5, "<= 600")),
     ),
-    ("max_in_flight_per_replica", (0.5, 10_000), ((0, "greater than 0"), (10_000.5, "less than or equal to 10000"))),
-    ("scale_down_ratio", (0.001, 0.5, 0.999), ((0, "greater than 0"), (1, "less than 1"))),
+    ("max_in_flight_per_replica", (0.5, 10_000), ((0, "> 0"), (10_000.5, "<= 10000"))),
+    ("scale_down_ratio", (0.001, 0.5, 0.999), ((0, "> 0"), (1, "< 1"))),
     (
         "scale_up_cooldown_seconds",
         (0, 3600),
-        ((-0.5, "greater than or equal to 0"), (3600.5, "less than or equal to 3600")),
+        ((-0.5, ">= 0"), (3600.5, "<= 3600")),
     ),
     (
         "scale_down_cooldown_seconds",
         (0, 3600),
-        ((-0.5, "greater than or equal to 0"), (3600.5, "less than or equal to 3600")),
+        ((-0.5, ">= 0"), (3600.5, "<= 3600")),
     ),
-    ("window_seconds", (0.5, 600), ((0, "greater than 0"), (600.5, "less than or equal to 600"))),
+    ("window_seconds", (0.5, 600), ((0, "> 0"), (600.5, "<= 600"))),
 ]
 
 
@@ -516,7 +516,9 @@ def test_an_autoscale_setting_past_its_bounds_is_refused_naming_the_bound(field,
     line = f"    autoscale: {{max_replicas: 3, {field}: {value}}}"
     error = config_error(f"model_path: demo\nprocesses:\n  vocoder:\n{line}\n")
     column = line.index(field) + 1
-    assert error.message == f"cfg.yaml:4:{column}: processes.vocoder.autoscale.{field}: Input should be {problem}"
+    assert error.message == (
+        f"cfg.yaml:4:{column}: processes.vocoder.autoscale.{field}: must be {problem}, got {value}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -685,3 +687,104 @@ def test_a_list_too_short_is_listed_beside_a_deeper_problem_elsewhere():
         """)
     assert "cfg.yaml:5:15: stages[0].tp_size: tp_size must be an integer" in error.message
     assert "cfg.yaml:3:3: pipeline.stages: needs at least 1 item, got none" in error.message
+
+
+# --- null sections and the schema's wording ------------------------------------------------------------------
+
+
+def test_a_null_section_means_the_same_as_leaving_it_out_in_every_optional_section():
+    """`placement: null` and `stages: null` were refused ("Input should be a valid dictionary or instance of
+    PlacementConfig", "a valid tuple") where `voices: null` and `processes: null` were accepted."""
+    left_out = parse_config_text("model_path: demo\n", "cfg.yaml")
+    nulls = parse_config_text(
+        "model_path: demo\nplacement: null\nstages: null\nprocesses: null\nvoices: null\n", "cfg.yaml"
+    )
+    assert nulls == left_out
+    pipeline = parse_config_text(
+        "pipeline:\n  name: one\n  stages:\n    - {name: only, process: p, runtime: null}\n"
+        "    - {name: two, process: p, runtime: {resources: null}}\n"
+        "  process_safe_edges: null\n  process_edge_resources: null\n  role_aliases: null\n  speech: null\n",
+        "cfg.yaml",
+    ).pipeline
+    assert pipeline.stage("only").runtime == pipeline.stage("two").runtime == StageConfig(name="x").runtime
+    assert (pipeline.process_safe_edges, pipeline.process_edge_resources, pipeline.role_aliases) == ((), (), {})
+    assert processes_of("processes:\n  vocoder:\n")["vocoder"].replicas == 1
+
+
+def test_a_null_where_null_has_a_meaning_keeps_it():
+    config = parse_config_text("model_path: demo\nstages:\n  - {name: vocoder, gpu: null}\n", "cfg.yaml")
+    assert "gpu" in config.stages[0].model_fields_set and config.stages[0].gpu is None
+    assert (
+        "must be a whole number, got null"
+        in config_error(
+            "pipeline:\n  name: one\n  stages: [{name: a, process: p}]\n  speech: {seed_maximum: null}\n"
+        ).message
+    )
+
+
+def test_a_null_section_in_a_stage_override_changes_nothing():
+    model = PipelineConfig.model_validate(
+        {
+            "name": "m",
+            "stages": [
+                {
+                    "name": "v",
+                    "process": "p",
+                    "gpu": 0,
+                    "args": {"a": 1},
+                    "runtime": {"resources": {"total_gpu_memory_fraction": 0.1}},
+                }
+            ],
+        }
+    )
+    override = StageOverride.model_validate({"name": "v", "args": None, "runtime": None})
+    assert merge_overrides(model, (override,), "cfg.yaml").stage("v") == model.stage("v")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("model_path: demo\nplacement: 3\n", "cfg.yaml:2:1: placement: must be a mapping of settings, got 3"),
+        ("model_path: demo\nstages: 3\n", "cfg.yaml:2:1: stages: must be a list, got 3"),
+        ("model_path: demo\nstages: [3]\n", "stages[0]: must be a mapping of settings, got 3"),
+        (
+            "model_path: demo\nstages: [{name: vocoder, runtime: 3}]\n",
+            "stages[0].runtime: must be a mapping of settings, got 3",
+        ),
+        (
+            "model_path: demo\nplacement: {strict_runtime_fractions: 3}\n",
+            "placement.strict_runtime_fractions: must be true or false, got 3",
+        ),
+        ("model_path: 3\n", "model_path: must be a string, got 3"),
+        ("model_path: demo\nprocesses: {vocoder: 3}\n", "processes.vocoder: must be a mapping of settings, got 3"),
+        ("model_path: demo\nprocesses: {vocoder: {node: ''}}\n", "processes.vocoder.node: must not be empty, got ''"),
+        (
+            "model_path: demo\nprocesses: {vocoder: {autoscale: {max_replicas: 2, target_first_audio_p90_seconds: 0}}}"
+            "\n",
+            "processes.vocoder.autoscale.target_first_audio_p90_seconds: must be > 0, got 0",
+        ),
+        (
+            "model_path: demo\nprocesses:\n  vocoder:\n    autoscale:\n"
+            "      {max_replicas: 2, target_first_audio_p90_seconds: .nan}\n",
+            "processes.vocoder.autoscale.target_first_audio_p90_seconds: must be a number, got NaN",
+        ),
+        (
+            "pipeline: {name: x, stages: [{name: a, process: p}], process_safe_edges: [a]}\n",
+            "pipeline.process_safe_edges[0]: must be a list, got 'a'",
+        ),
+        (
+            "pipeline: {name: x, stages: [{name: a, process: p}], process_safe_edges: [[a, 3]]}\n",
+            "pipeline.process_safe_edges[0][1]: must be a string, got 3",
+        ),
+        (
+            "pipeline: {name: x, stages: [{name: a, process: p}], speech: {options: {o: {minimum: x}}}}\n",
+            "pipeline.speech.options.o.minimum: minimum must be a number or null, got 'x'",
+        ),
+    ],
+)
+def test_a_schema_error_says_what_the_entry_must_be_in_the_projects_words(text, expected):
+    """pydantic's wording leaked: "Input should be a valid tuple", "a valid dictionary or instance of
+    RuntimeConfig", one clause per member of `int | float` (`minimum.int`, `minimum.float`)."""
+    message = config_error(text).message
+    assert expected in message
+    assert "Input should" not in message and "instance of" not in message and "tuple" not in message
