@@ -159,7 +159,9 @@ class GpuBudget:
     """Placement accounting for one GPU: the declared fractions of every group on it."""
 
     id: int
-    total_gpu_memory_fraction: float
+    total_gpu_memory_fraction: float | None
+    """The sum of the fractions its stages declare; None when none declares one (one process alone on the GPU,
+    which needs none), as a group's is: 0 would read as a declared share of nothing."""
     limit: float
     groups: tuple[str, ...]
     """The workers on this GPU: group names, `group/index` for replicas."""

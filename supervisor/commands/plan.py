@@ -146,7 +146,7 @@ def render_plan(plan: Plan) -> str:
     lines.append("")
     by_group = {w.name: g for g in plan.groups for w in g.workers()}
     for gpu in plan.gpus:
-        if all(by_group[name].total_gpu_memory_fraction is None for name in gpu.groups):
+        if gpu.total_gpu_memory_fraction is None:
             # Only possible for a GPU one process has to itself: no fractions needed.
             lines.append(
                 f"GPU {gpu.id}: {', '.join(gpu.groups)} alone, no fractions declared (limit {_number(gpu.limit)})"

@@ -147,9 +147,12 @@ def format_topology(report: TopologyReport) -> str:
             )
         else:
             measured = ", measured n/a"
-        lines.append(
-            f"gpu {gpu.id}: {gpu.total_gpu_memory_fraction:g} of {gpu.limit:g} ({', '.join(gpu.groups)}){measured}"
+        share = (
+            f"no fractions declared, limit {gpu.limit:g}"  # as `plan` says it: one process alone needs none
+            if gpu.total_gpu_memory_fraction is None
+            else f"{gpu.total_gpu_memory_fraction:g} of {gpu.limit:g}"
         )
+        lines.append(f"gpu {gpu.id}: {share} ({', '.join(gpu.groups)}){measured}")
     lines.extend(f"warning: {w}" for w in report.warnings)
     return "\n".join(lines)
 

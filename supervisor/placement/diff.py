@@ -161,13 +161,15 @@ def check_switch_budget(before: Plan, after: Plan) -> None:
         if current is None:
             continue
         _check_switch_fractions(before, after, budget.id)
-        total = current.total_gpu_memory_fraction + budget.total_gpu_memory_fraction
+        # A GPU where nothing declares a fraction adds none to the other plan's (None: undeclared).
+        running_now, new = current.total_gpu_memory_fraction or 0.0, budget.total_gpu_memory_fraction or 0.0
+        total = running_now + new
         if total > budget.limit + TOLERANCE:
             raise PlacementError(
                 ErrorCode.OVER_LIMIT,
                 f"GPU {budget.id} would carry total_gpu_memory_fraction {fraction_text(total)} while the daemon "
-                f"switches ({fraction_text(current.total_gpu_memory_fraction)} running now + "
-                f"{fraction_text(budget.total_gpu_memory_fraction)} for the new topology), over its limit "
+                f"switches ({fraction_text(running_now)} running now + "
+                f"{fraction_text(new)} for the new topology), over its limit "
                 f"{fraction_text(budget.limit)}; both topologies run until the new one is READY. Lower the "
                 "fractions, scale groups down first, or restart the daemon with the new plan",
                 gpu=budget.id,
@@ -220,13 +222,14 @@ def check_restart_surge(plan: Plan, group: str) -> None:
             gpu=current.gpu,
         )
     budget = next(b for b in plan.gpus if b.id == current.gpu)
-    total = budget.total_gpu_memory_fraction + current.total_gpu_memory_fraction
+    running_now = budget.total_gpu_memory_fraction or 0.0  # never None here: the group declares its fractions
+    total = running_now + current.total_gpu_memory_fraction
     if total > budget.limit + TOLERANCE:
         raise PlacementError(
             ErrorCode.OVER_LIMIT,
             f"restarting group {group!r} without a pause starts a second worker beside it: GPU {current.gpu} "
             f"would carry total_gpu_memory_fraction {fraction_text(total)} "
-            f"({fraction_text(budget.total_gpu_memory_fraction)} running now + "
+            f"({fraction_text(running_now)} running now + "
             f"{fraction_text(current.total_gpu_memory_fraction)} for the new worker), over its limit "
             f"{fraction_text(budget.limit)}; {force}",
             gpu=current.gpu,

@@ -112,6 +112,14 @@ def gpu_totals(fractions: GpuFractions, groups: tuple[ProcessGroup, ...]) -> dic
     return totals
 
 
+def declared_totals(fractions: GpuFractions, groups: tuple[ProcessGroup, ...]) -> dict[int, float | None]:
+    """GPU id -> the total a Plan reports for it: gpu_totals, or None where no stage on it declares a fraction."""
+    return {
+        gpu: total if any(f is not None for _, f, _ in stages_on_gpu(fractions, groups, gpu)) else None
+        for gpu, total in gpu_totals(fractions, groups).items()
+    }
+
+
 def check_limits(
     fractions: GpuFractions,
     groups: tuple[ProcessGroup, ...],

@@ -40,7 +40,7 @@ from stagevisor.supervisor.placement.gpu_accounting import (
     check_fractions_present,
     check_limits,
     gpu_fractions,
-    gpu_totals,
+    declared_totals,
     gpu_users,
 )
 from stagevisor.supervisor.placement.groups import ReplicaRequest, crossing_links, group_key, layout_groups, replicate
@@ -318,9 +318,9 @@ def _assemble(
         for kind, targets in _edge_kinds(s)
         for dst in targets
     )
-    totals = gpu_totals(gpu_fractions(placed), groups)
+    totals = declared_totals(gpu_fractions(placed), groups)
     gpus = tuple(
-        GpuBudget(gpu, fraction_value(totals[gpu]), placement.max_total_gpu_memory_fraction_per_gpu, users)
+        GpuBudget(gpu, _reported(totals[gpu]), placement.max_total_gpu_memory_fraction_per_gpu, users)
         for gpu, users in gpu_users(groups).items()
     )
     return Plan(
@@ -333,6 +333,10 @@ def _assemble(
         gpus=gpus,
         warnings=tuple(warnings),
     )
+
+
+def _reported(total: float | None) -> float | None:
+    return None if total is None else fraction_value(total)
 
 
 def resolve_declaration(
@@ -400,10 +404,8 @@ def rescale(plan: Plan, group: str, replicas: int) -> Plan:
         else g
         for g, layout in zip(plan.groups, layouts, strict=True)
     )
-    totals = gpu_totals(fractions, layouts)
-    budgets = tuple(
-        GpuBudget(gpu, fraction_value(totals[gpu]), limit, users) for gpu, users in gpu_users(layouts).items()
-    )
+    totals = declared_totals(fractions, layouts)
+    budgets = tuple(GpuBudget(gpu, _reported(totals[gpu]), limit, users) for gpu, users in gpu_users(layouts).items())
     return replace(plan, groups=groups, gpus=budgets)
 
 

@@ -368,7 +368,7 @@ class GpuReport:
     """One GPU's declared fractions and, where NVML tells, its measured memory."""
 
     id: int
-    total_gpu_memory_fraction: float
+    total_gpu_memory_fraction: float | None
     limit: float
     groups: tuple[str, ...]
     total_bytes: int | None = None
@@ -398,7 +398,9 @@ class GpuReport:
     def from_proto(cls, message: admin_pb2.GpuBudget) -> GpuReport:
         return cls(
             id=message.id,
-            total_gpu_memory_fraction=message.total_gpu_memory_fraction,
+            total_gpu_memory_fraction=(
+                message.total_gpu_memory_fraction if message.HasField("total_gpu_memory_fraction") else None
+            ),
             limit=message.limit,
             groups=tuple(message.groups),
             total_bytes=message.total_bytes if message.HasField("total_bytes") else None,

@@ -394,3 +394,17 @@ def test_a_duplicate_that_agrees_says_which_option_to_drop():
 def test_a_duplicate_through_a_role_says_which_stage_the_role_is():
     error = plan_error("ming-omni-tts", isolate=["audio_decode"], assign=["vocoder=x"])
     assert "--stage-process 'vocoder=x' (process 'x', role 'vocoder' is stage 'audio_decode')" in error.message
+
+
+def test_a_gpu_where_no_stage_declares_a_fraction_reports_null_not_zero():
+    """`total_gpu_memory_fraction: 0.0` for qwen3-tts's GPU read as a declared share of nothing, where its group
+    and stages said null; a GPU where some stage declares one still sums what is declared."""
+    from stagevisor.supervisor.commands.plan import render_plan
+
+    plan = plan_placement(PlacementRequest("qwen3-tts", None))
+    assert plan.group("pipeline").total_gpu_memory_fraction is None
+    assert plan.to_json()["gpus"] == [
+        {"id": 0, "total_gpu_memory_fraction": None, "limit": 1.0, "groups": ["pipeline"]}
+    ]
+    assert "GPU 0: pipeline alone, no fractions declared (limit 1)" in render_plan(plan)
+    assert plan_placement(PlacementRequest("moss-tts-local", None)).gpus[0].total_gpu_memory_fraction == 0.9

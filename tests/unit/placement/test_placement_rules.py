@@ -185,7 +185,7 @@ def test_one_process_alone_on_a_gpu_needs_no_fractions():
     plan = plan_pipeline(
         pipeline({"name": "a", "process": "p", "gpu": 0}, {"name": "b", "process": "q", "gpu": 1}, safe=[("a", "b")])
     )
-    assert [g.total_gpu_memory_fraction for g in plan.gpus] == [0.0, 0.0]
+    assert [g.total_gpu_memory_fraction for g in plan.gpus] == [None, None]  # nothing declared: null, not a share of 0
 
 
 def fractions_pipeline(a, b, c):

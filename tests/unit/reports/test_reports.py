@@ -117,3 +117,10 @@ def test_status_counts_one_request_in_flight_in_the_singular():
 
     assert "groups: 1/2 READY, 1 request in flight" in format_status(replace(STATUS, in_flight=1))
     assert "groups: 1/2 READY, 3 requests in flight" in format_status(STATUS)
+
+
+def test_a_gpu_with_no_declared_fraction_stays_null_through_the_wire_and_a_declared_zero_share_does_not_appear():
+    """The admin API's GpuBudget total was a plain double: a GPU with nothing declared came back as 0.0."""
+    undeclared = GpuReport(0, None, 1.0, ("pipeline",))
+    assert GpuReport.from_proto(undeclared.to_proto()).total_gpu_memory_fraction is None
+    assert GpuReport.from_proto(GpuReport(0, 0.5, 1.0, ("p",)).to_proto()).total_gpu_memory_fraction == 0.5
