@@ -111,6 +111,8 @@ def _own_words(item: Mapping[str, Any], message: str) -> str:
     kind = item["type"]
     value = item.get("input")
     got = f", got {'null' if value is None else shown(value)}"
+    if kind == "invalid_key":  # a key that YAML read as a number, a list...: the input is the key
+        return f"a key must be a string, got {shown(value)}"
     if kind in _EXPECTED:
         return f"must be {_EXPECTED[kind]}{got}"
     if kind in _BOUNDS:
