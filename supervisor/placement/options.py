@@ -54,6 +54,7 @@ def parse_assignments(isolate_stages: Sequence[str], stage_processes: Sequence[s
 def parse_replica_options(process_replicas: Sequence[str]) -> tuple[ReplicaRequest, ...]:
     """Parse `--process-replicas GROUP=N`; MALFORMED_ASSIGNMENT for anything else, DUPLICATE_ASSIGNMENT twice."""
     parsed: dict[str, ReplicaRequest] = {}
+    given: dict[str, list[str]] = {}
     for raw in process_replicas:
         option = f"--process-replicas {raw!r}"
         parts = raw.split("=")
@@ -68,12 +69,18 @@ def parse_replica_options(process_replicas: Sequence[str]) -> tuple[ReplicaReque
             replicas = replicas_from_text(count)
         except ValueError as error:
             raise PlacementError(ErrorCode.MALFORMED_ASSIGNMENT, f"{option}: {error}") from None
-        if process in parsed:
+        given.setdefault(process, []).append(option)
+        parsed.setdefault(process, ReplicaRequest(process, replicas, None, option))
+    for process, options in given.items():
+        if len(options) > 1:  # every option, by its text (not typing order), and which to drop
+            first, *others = sorted(options)
+            times = "twice" if len(options) == 2 else f"{len(options)} times"
             raise PlacementError(
                 ErrorCode.DUPLICATE_ASSIGNMENT,
-                f"process {process!r} is given replicas twice ({parsed[process].origin} and {option}); name it once",
+                f"process {process!r} is given replicas {times}, by {', '.join([first, *others])}; keep the one "
+                f"with the count you want and drop the others (e.g. keep {first} and drop "
+                f"{', '.join(others)}), so that each process is named once in --process-replicas",
             )
-        parsed[process] = ReplicaRequest(process, replicas, None, option)
     return tuple(parsed.values())
 
 

@@ -199,6 +199,21 @@ def test_a_process_given_replicas_twice_is_a_duplicate():
     assert caught.value.code is ErrorCode.DUPLICATE_ASSIGNMENT
 
 
+def test_a_replica_duplicate_names_every_option_whatever_the_typing_order():
+    """It named the first two in typing order and said only 'name it once'."""
+    messages = set()
+    for order in (["vocoder=4", "vocoder=2", "vocoder=3"], ["vocoder=3", "vocoder=4", "vocoder=2"]):
+        with pytest.raises(PlacementError) as caught:
+            parse_replica_options(order)
+        messages.add(caught.value.message)
+    assert messages == {
+        "process 'vocoder' is given replicas 3 times, by --process-replicas 'vocoder=2', --process-replicas "
+        "'vocoder=3', --process-replicas 'vocoder=4'; keep the one with the count you want and drop the others (e.g. "
+        "keep --process-replicas 'vocoder=2' and drop --process-replicas 'vocoder=3', --process-replicas "
+        "'vocoder=4'), so that each process is named once in --process-replicas"
+    }
+
+
 # --- output ------------------------------------------------------------------------
 
 
