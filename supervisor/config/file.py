@@ -12,6 +12,7 @@ from typing import Annotated, Any, Mapping
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool, field_validator, model_validator
 
 from stagevisor.supervisor.config.pipeline import (
+    MAX_GPU_ID,
     Frozen,
     PipelineConfig,
     RuntimeConfig,
@@ -211,6 +212,8 @@ class ProcessConfig(Frozen):
             or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
         ):
             raise ValueError(f"gpus must be a non-empty list of GPU ids (int >= 0), got {shown(value)}")
+        if max(value) > MAX_GPU_ID:
+            raise ValueError(f"gpus lists {max(value)}, which is not a GPU id: ids run from 0 to {MAX_GPU_ID}")
         if len(set(value)) != len(value):
             raise ValueError(f"gpus lists a GPU twice: {shown(value)}")
         return tuple(value)

@@ -33,6 +33,11 @@ from stagevisor.supervisor.errors import shown
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: `$` would also match before a final newline
 
 
+MAX_GPU_ID = 2**31 - 1
+"""The largest GPU id: the admin API carries GPU ids as int32 (proto/stagevisor/v1/admin.proto), so a larger one
+would plan, then fail the daemon's topology report."""
+
+
 def check_name(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{what} must be a string, got {type(value).__name__} {shown(value)}")
@@ -187,6 +192,8 @@ class StageChecks(Frozen):
         def one(v: Any) -> int:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"gpu must be null, a GPU id (int >= 0) or a list of them, got {shown(value)}")
+            if v > MAX_GPU_ID:
+                raise ValueError(f"gpu {v} is not a GPU id: ids run from 0 to {MAX_GPU_ID}")
             return v
 
         if value is None:

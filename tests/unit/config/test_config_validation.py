@@ -792,3 +792,17 @@ def test_a_schema_error_says_what_the_entry_must_be_in_the_projects_words(text, 
     assert expected in message
     assert "Input should" not in message and "instance of" not in message and "tuple" not in message
     assert "should" not in message
+
+
+def test_a_gpu_id_the_admin_api_cannot_carry_is_refused_where_it_is_written():
+    """`gpu: 2147483648` planned, then the daemon's topology failed: GPU ids are int32 on the admin API."""
+    assert (
+        "stages[0].gpu: gpu 2147483648 is not a GPU id: ids run from 0 to 2147483647"
+        in config_error("model_path: demo\nstages: [{name: vocoder, gpu: 2147483648}]\n").message
+    )
+    assert (
+        "processes.vocoder.gpus: gpus lists 2147483648, which is not a GPU id"
+        in config_error("model_path: demo\nprocesses: {vocoder: {gpus: [0, 2147483648]}}\n").message
+    )
+    config = parse_config_text("model_path: demo\nstages: [{name: vocoder, gpu: 2147483647}]\n", "cfg.yaml")
+    assert config.stages[0].gpu == 2147483647
