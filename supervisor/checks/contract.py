@@ -39,18 +39,34 @@ class ContractViolation(Exception):
 
     `code` is CONTRACT_VIOLATION, REQUEST_REFUSED (a stage refused the check's own request, as the contract lets
     it), or the ErrorCode of a factory that cannot be imported (MODULE_NOT_FOUND, MISSING_DEPENDENCY), whose text
-    is then the one serve and plan print.
+    is then the one serve and plan print. A finding about several stages or the whole model (an extra they need,
+    the model's checkpoint) has `stage` None and names them all in `stages`.
     """
 
-    def __init__(self, stage: str, field: str, message: str, *, code: str = "CONTRACT_VIOLATION") -> None:
+    def __init__(
+        self,
+        stage: str | None,
+        field: str,
+        message: str,
+        *,
+        code: str = "CONTRACT_VIOLATION",
+        stages: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(message if code != "CONTRACT_VIOLATION" else f"stage {stage!r}: {field}: {message}")
         self.stage = stage
+        self.stages = stages or ((stage,) if stage is not None else ())
         self.field = field
         self.message = message
         self.code = code
 
     def to_json(self) -> dict[str, Any]:
-        return {"code": self.code, "stage": self.stage, "field": self.field, "message": str(self)}
+        return {
+            "code": self.code,
+            "stage": self.stage,
+            "stages": list(self.stages),
+            "field": self.field,
+            "message": str(self),
+        }
 
 
 def describe(value: Any, depth: int = 0) -> Any:

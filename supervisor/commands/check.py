@@ -170,9 +170,16 @@ def _unmet(plan: Plan) -> CheckReport | None:
     unmet = unmet_requirements(plan)
     if not unmet:
         return None
-    # `stage` is the first stage it stops: each is the model's own stage list or an extra's stages.
+    # Each stops several stages (an extra's) or the whole model (its checkpoint): no one `stage`, all in `stages`.
     violations = [
-        ContractViolation(item.stages[0], "requirements", item.message, code=item.code.value) for item in unmet
+        ContractViolation(
+            item.stages[0] if len(item.stages) == 1 else None,
+            "requirements",
+            item.message,
+            code=item.code.value,
+            stages=item.stages,
+        )
+        for item in unmet
     ]
     return CheckReport(plan.model, violations=violations)
 

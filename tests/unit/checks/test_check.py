@@ -297,6 +297,7 @@ def test_a_factory_module_not_on_the_import_path_is_module_not_found_not_a_raw_i
     )
     assert "did you mean 'tests.unit.checks.test_check'?" in str(violation)
     assert violation.to_json()["code"] == "MODULE_NOT_FOUND"
+    assert (violation.to_json()["stage"], violation.to_json()["stages"]) == ("vocoder", ["vocoder"])
     _print_table(report, [])
     assert capsys.readouterr().out.strip() == f"error: MODULE_NOT_FOUND: {violation}"
 

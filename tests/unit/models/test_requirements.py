@@ -148,6 +148,10 @@ def test_check_and_bench_stop_on_a_missing_checkpoint_before_anything_starts(
     [error] = out["violations"] if command == "check" else [out["error"]]
     assert error["code"] == "MISSING_REQUIREMENT"
     assert "QWEN3_NO_CHECKPOINT: qwen3-tts needs a checkpoint and none was named" in error["message"]
+    # The model's own requirement stops every stage: no one stage carries it, as bench's error object says.
+    assert error["stages"] == ["preprocessing", "tts_engine", "vocoder"]
+    if command == "check":
+        assert error["stage"] is None
 
 
 @pytest.mark.parametrize(("command", "status"), [("check", 1), ("bench", 2), ("serve", 1)])
@@ -173,6 +177,9 @@ def test_without_the_qwen3_extra_every_command_that_starts_executors_names_it_al
     else:
         [error] = json.loads(out)["violations"] if command == "check" else [json.loads(out)["error"]]
         assert error["code"] == "MISSING_DEPENDENCY"
+        assert error["stages"] == ["preprocessing", "tts_engine", "vocoder"]
+        if command == "check":
+            assert error["stage"] is None  # the extra is missing for all three, not for the first
         message = error["message"]
     assert (
         "(missing: qwen_tts, torchaudio)" in message
