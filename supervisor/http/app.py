@@ -106,8 +106,6 @@ def create_app(
         return await speak(request, None)
 
     async def speech_get(request: Request) -> Response:
-        if request.method == "HEAD":  # starlette routes HEAD to every GET route: here it would synthesize
-            raise HTTPException(405)
         return await speak(request, query_fields(request, service.models()[0]))
 
     async def batch(request: Request) -> Response:
@@ -269,7 +267,7 @@ def create_app(
         Route("/", playground, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/v1/audio/speech", speech, methods=["POST"]),
-        Route("/v1/audio/speech", speech_get, methods=["GET"]),
+        _without_head(Route("/v1/audio/speech", speech_get, methods=["GET"])),  # HEAD would synthesize
         Route("/v1/audio/speech/batch", batch, methods=["POST"]),
         WebSocketRoute("/v1/audio/speech/stream", speech_stream),
         Route("/v1/models", models, methods=["GET"]),
@@ -294,6 +292,13 @@ def create_app(
     # without the slash, whose Location names the daemon's own scheme and address (http:// behind a TLS proxy).
     app.router.redirect_slashes = False
     return app
+
+
+def _without_head(route: Route) -> Route:
+    """`route` without the HEAD starlette gives every GET route: a HEAD there is a 405 whose `Allow` omits it."""
+    assert route.methods is not None
+    route.methods.discard("HEAD")
+    return route
 
 
 def _store_unavailable(action: str, name: str, error: VoiceStoreUnavailable) -> ApiError:

@@ -120,12 +120,12 @@ def _websocket_route(request: Request) -> bool:
 
 
 def _allowed_methods(request: Request) -> list[str]:
-    """Every method some route serves on this path (starlette's Allow names only the first route's)."""
+    """Every method some route serves on this path (starlette's Allow names only the first route's), HEAD
+    included where a GET route answers it (RFC 9110 section 10.2.1: Allow lists the methods the resource takes)."""
     methods: set[str] = set()
     for route in request.app.routes:
         if isinstance(route, Route) and route.methods and route.path_regex.match(request.url.path):
             methods |= route.methods
-    methods.discard("HEAD")  # starlette adds it to every GET route; HEAD is not part of the API
     return sorted(methods)
 
 

@@ -22,9 +22,9 @@ from stagevisor.supervisor.http.errors import ApiError, refuse
 
 ABSOLUTE = re.compile(rb"(?i)(https?)://([^/]*)(/.*)?", re.DOTALL)
 """`scheme://authority/path` of an http(s) URI (the query is already apart, in `query_string`)."""
-SERVER_METHODS = "GET, POST, DELETE, OPTIONS"
-"""What `OPTIONS *` answers by default: the methods some route of the HTTP API takes (OPTIONS: CORS preflights,
-and this)."""
+SERVER_METHODS = "GET, HEAD, POST, DELETE, OPTIONS"
+"""What `OPTIONS *` answers by default: the methods some route of the HTTP API takes (HEAD: every GET route but
+the speech URL, which would synthesize; OPTIONS: CORS preflights, and this)."""
 
 
 class AbsoluteTarget:

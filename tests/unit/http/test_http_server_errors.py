@@ -117,3 +117,25 @@ def test_a_plain_http_request_to_the_websocket_route_is_told_to_upgrade_not_that
         assert response.headers["upgrade"] == "websocket"
         assert "WebSocket handshake" in response.json()["error"]["message"]
     assert client.get("/v1/audio/speech/streams").status_code == 404
+
+
+def test_allow_names_head_exactly_where_the_route_answers_it():
+    """RFC 9110 section 10.2.1: Allow lists the methods the resource takes. Every 405 dropped HEAD, though
+    `HEAD /health` (any GET route but the speech URL) answers 200: a client reading Allow was told it would not."""
+    api = create_app(FakeSpeechDaemon())
+    client = TestClient(api)
+    paths = {route.path.replace("{model:path}", "fake").replace("{name}", "someone") for route in api.routes}
+    paths.discard("/v1/audio/speech/stream")  # a WebSocket: a plain request is a 426
+    checked = []
+    for path in sorted(paths):
+        refused = next(
+            answer
+            for method in ("PUT", "PATCH")
+            if (answer := client.request(method, path, headers={"Content-Length": "0"})).status_code == 405
+        )
+        allowed = refused.headers["allow"].split(", ")
+        head = client.head(path).status_code
+        assert ("HEAD" in allowed) == (head != 405), (path, allowed, head)
+        checked.append((path, "HEAD" in allowed))
+    assert ("/health", True) in checked and ("/v1/audio/speech", False) in checked
+    assert client.post("/health").headers["allow"] == "GET, HEAD"

@@ -117,6 +117,6 @@ def asterisk(method: str) -> tuple[int, dict[bytes, bytes], bytes]:
 def test_options_asterisk_is_answered_for_the_server_and_another_method_with_it_refused():
     """`OPTIONS * HTTP/1.1` (RFC 9112 section 3.2.4) got 404 `no route OPTIONS /*`."""
     status, headers, _ = asterisk("OPTIONS")
-    assert (status, headers[b"allow"]) == (204, b"GET, POST, DELETE, OPTIONS")
+    assert (status, headers[b"allow"]) == (204, b"GET, HEAD, POST, DELETE, OPTIONS")
     refused, _, body = asterisk("GET")
     assert (refused, json.loads(body)["error"]["code"]) == (400, "invalid_request_target")
