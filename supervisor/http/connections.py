@@ -112,6 +112,10 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
         """The read deadline armed now: "request head", "request body", or None."""
         _deadline: asyncio.TimerHandle | None = None
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.conn = _RefusalKeeping(h11.SERVER, self._head_limit())
+
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             # asyncio gives a stream protocol a Transport; uvicorn's H11Protocol declares the narrower type.
             super().connection_made(cast(asyncio.Transport, transport))
@@ -156,9 +160,20 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
 
         def send_400_response(self, msg: str) -> None:
             """h11 refused the request as malformed: the API's envelope, not uvicorn's text/plain 400; and 431 (RFC
-            6585) where the request head passed h11's bound before it ended, as for too many or too long headers."""
+            6585) where the request head passed h11's bound before it ended, as for too many or too long headers; 501
+            (RFC 9112 section 6.1) for a Transfer-Encoding other than chunked."""
             buffered, _ = self.conn.trailing_data
-            if len(buffered) > self._head_limit():
+            refusal = self.conn.refusal if isinstance(self.conn, _RefusalKeeping) else None
+            if refusal is not None and refusal.error_status_hint == 501:
+                # RFC 9112 section 6.1: a transfer coding the server does not understand is a 501. h11 reads
+                # chunked alone (and a Content-Length), and refuses any other coding, or two Transfer-Encodings.
+                error = ApiError(
+                    501,
+                    "the request's Transfer-Encoding is not one this server reads: send the body with "
+                    "`Transfer-Encoding: chunked` alone, or with a Content-Length",
+                    code="unsupported_transfer_encoding",
+                )
+            elif len(buffered) > self._head_limit():
                 error = ApiError(
                     431,
                     f"the request's line and headers passed {self._head_limit()} bytes before they ended; send fewer "
@@ -249,6 +264,20 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
             self.transport.close()
 
     return GuardedH11Protocol
+
+
+class _RefusalKeeping(h11.Connection):
+    """h11's connection, keeping the protocol error it refused the client's request with: uvicorn answers every
+    refusal 400 and drops the error, whose `error_status_hint` tells a 501 (an unknown Transfer-Encoding) apart."""
+
+    refusal: h11.RemoteProtocolError | None = None
+
+    def next_event(self) -> Any:
+        try:
+            return super().next_event()
+        except h11.RemoteProtocolError as error:
+            self.refusal = error
+            raise
 
 
 def _peer(client: tuple[str, int] | None) -> str:

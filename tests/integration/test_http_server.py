@@ -412,3 +412,18 @@ def test_a_body_framed_by_both_content_length_and_transfer_encoding_is_refused_a
         assert closed and answer.count(b"HTTP/1.1 ") == 1
 
     served_raw(scenario)
+
+
+@pytest.mark.parametrize("coding", [b"gzip", b"gzip, chunked", b"chunked\r\nTransfer-Encoding: chunked"])
+def test_a_transfer_coding_the_server_does_not_read_is_501_and_the_connection_closed(coding):
+    """RFC 9112 section 6.1: a server that receives a transfer coding it does not understand should answer 501;
+    h11 refuses any but chunked, and it was answered 400 `invalid_http_request` as a malformed request."""
+
+    def scenario(port: int) -> None:
+        request = b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: " + coding + b"\r\n\r\n"
+        answer, closed = raw_exchange(port, request)
+        status, headers, body = envelope(answer)
+        assert (status, headers["connection"], body["error"]["code"]) == (501, "close", "unsupported_transfer_encoding")
+        assert "chunked" in body["error"]["message"] and closed
+
+    served_raw(scenario)
