@@ -19,6 +19,8 @@ import contextlib
 import contextvars
 import fcntl
 import functools
+import socket
+import struct
 import sys
 from typing import Any, Iterator
 
@@ -52,6 +54,23 @@ def current() -> Backlog | None:
     called without the daemon's HTTP protocol, as in tests): its writes are then bounded as a whole."""
     transport = _transport.get()
     return None if transport is None else functools.partial(unsent_bytes, transport)
+
+
+def reset_stalled() -> None:
+    """Reset (RST) the connection this task serves: its client read nothing for --stream-idle-timeout, and its
+    response was cut. Closed instead, the connection would wait to flush what is buffered for it, holding its
+    descriptor and a place under the connection cap until the client reads again or goes away (for ever, for a
+    client that stays and reads nothing). No-op where no connection was named (`current`)."""
+    transport = _transport.get()
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        # Without a zero linger the kernel keeps the socket past its close, its FIN queued behind the data the
+        # client does not take, and the client's side stays open.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def unsent_bytes(transport: asyncio.WriteTransport) -> int | None:

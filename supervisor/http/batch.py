@@ -239,10 +239,11 @@ class BatchResponse(StreamingResponse):
             log.warning(
                 "a batch's client read nothing for %g s: its items end and its response is cut", self._idle_timeout
             )
-            # As on a client that left: the write is cancelled (what it wrote is in the connection's buffer), and
-            # the response, cut, ends; the server then closes the connection, and the results go with it.
+            # As on a client that left: the write is cancelled, the response, cut, ends, and the connection is
+            # reset rather than closed, which would wait on the client to read what is buffered for it.
             write.cancel()
             await cancel_items([write, *self._tasks])
+            backlog.reset_stalled()
             raise StreamAborted(f"the client read nothing for {self._idle_timeout:g} s")
 
         try:

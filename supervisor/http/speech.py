@@ -268,7 +268,7 @@ async def synthesize(
 class GuardedStreamingResponse(StreamingResponse):
     """A streamed body whose writes the request's guard bounds, as the gRPC servicer's are: a client that reads
     nothing for --stream-idle-timeout (or past --request-timeout) loses its request (DEADLINE_EXCEEDED), which
-    ends in the workers and frees its admission slot at once; the body is cut once the pending write leaves.
+    ends in the workers and frees its admission slot at once; its connection is reset (backlog.reset_stalled).
     A client that reads, however slowly, is not idle: a waiting write watches its connection's backlog."""
 
     def __init__(self, stream: SpeechStream, content: AsyncIterator[bytes], **kwargs: Any) -> None:
@@ -290,7 +290,9 @@ class GuardedStreamingResponse(StreamingResponse):
                 log.warning("request %s ended: %s", stream.request_id, error.message)
                 stream.code = error.status
                 stream.close()
-                # The write cannot be taken back: it leaves when the client reads again or goes away.
+                # The write cannot be taken back, and it would leave only when the client reads again or goes
+                # away: the connection is reset, which ends the write.
+                backlog.reset_stalled()
                 await asyncio.gather(*filter(None, [error.stalled_write]), return_exceptions=True)
                 raise StreamAborted(error.message) from None
 

@@ -178,7 +178,10 @@ async def speech_session(
     except SessionEnd as end:
         await _finish(speaker)
         if end.unreachable:
-            return  # the client reads nothing: an error or a close frame would wait behind the audio it left
+            # The client reads nothing: an error or a close frame would wait behind the audio it left, and so
+            # would a close of the connection; it is reset.
+            backlog.reset_stalled()
+            return
         if end.error is not None:
             await _send_quietly(websocket, {"type": "error", **end.error.body()})
         await _close_quietly(websocket, end.code, close_reason(end.error.message) if end.error else "")

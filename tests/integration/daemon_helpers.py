@@ -166,6 +166,15 @@ def ming_isolated_audio_decode(**kw: Any) -> Plan:
     )
 
 
+TCP_ESTABLISHED = 1
+"""tcpi_state of an open connection (linux/tcp.h); a reset one is TCP_CLOSE, one the peer closed TCP_CLOSE_WAIT."""
+
+
+def still_open(sock: socket.socket) -> bool:
+    """Whether the server still holds `sock`'s connection open: it has neither reset nor closed it (Linux)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] == TCP_ESTABLISHED
+
+
 def poll_until(
     predicate: Callable[[], Any], *, timeout: float = 60.0, interval: float = 0.05, message: str = "condition"
 ) -> Any:

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.integration.raw_websocket import masked_text_frame
-from tests.integration.daemon_helpers import ServeProcess, poll_until
+from tests.integration.daemon_helpers import ServeProcess, poll_until, still_open
 from tests.integration.limit_stages import pipeline_config
 
 CONFIG = pipeline_config("limits-test")
@@ -87,6 +87,8 @@ def test_a_websocket_client_that_stops_reading_loses_its_slot_after_the_idle_tim
     1. a client asks for a sentence of 30 s of audio at 48 kHz (2.9 MB) and reads nothing
     2. the daemon shows its sentence in flight, then ends it after the idle timeout, saying why in its log
     3. with one request slot in all, a normal session is then served
+    4. the stalled session's connection is reset while its client still reads nothing (it stayed open, waiting
+       to flush the audio left for it, until the client read or left)
     """
     url = daemon.http_url()
     start = {"type": "start", "model": "limits-test", "sample_rate": SAMPLE_RATE, "seconds": "30"}
@@ -104,6 +106,7 @@ def test_a_websocket_client_that_stops_reading_loses_its_slot_after_the_idle_tim
         frames = speak(url.replace("http://", "ws://") + "/v1/audio/speech/stream")
         assert json.loads(frames[-1])["type"] == "done"
         assert sum(len(f) for f in frames if isinstance(f, bytes)) == 2 * SAMPLE_RATE
+        poll_until(lambda: not still_open(stalled), timeout=10, message="the stalled session's connection reset")
     assert f"read no audio for {IDLE_TIMEOUT} s (--stream-idle-timeout)" in daemon.log()
 
 

@@ -106,9 +106,23 @@ def test_the_items_still_running_when_a_batch_response_ends_are_cancelled(spec_v
 def test_a_batch_whose_client_reads_nothing_for_the_idle_timeout_ends_its_items_and_its_response():
     """A client that stays connected and reads nothing: the speech API's writes are bounded by
     --stream-idle-timeout, a batch's were not, and it held its results (up to MAX_BATCH items of audio) for as long
-    as the client kept the connection."""
+    as the client kept the connection. Its connection is then reset: closed, it stayed open until the client read
+    what was buffered for it or left."""
+    from stagevisor.supervisor.http import backlog
     from stagevisor.supervisor.http.batch import batch_response
     from stagevisor.supervisor.http.speech import StreamAborted
+
+    class Connection:
+        aborted = False
+
+        def get_write_buffer_size(self) -> int:
+            return 1 << 20  # what the client left unread: it never falls
+
+        def get_extra_info(self, name: str) -> None:
+            return None
+
+        def abort(self) -> None:
+            self.aborted = True
 
     class Stuck:
         writes: list[str] = []
@@ -127,12 +141,13 @@ def test_a_batch_whose_client_reads_nothing_for_the_idle_timeout_ends_its_items_
             return {"index": 0, "status": 200}
 
         tasks = [asyncio.ensure_future(first())] + [asyncio.ensure_future(asyncio.Event().wait()) for _ in range(3)]
-        client = Stuck()
-        with pytest.raises(StreamAborted, match="the client read nothing for 0.05 s"):
+        client, connection = Stuck(), Connection()
+        with backlog.serving(connection), pytest.raises(StreamAborted, match="the client read nothing for 0.05 s"):
             await batch_response(tasks, 0.05, HeldAudio())(
                 {"type": "http", "asgi": {"spec_version": "2.3"}}, client.receive, client.send
             )
         assert client.writes == ["http.response.start", "http.response.body"]
+        assert connection.aborted
         return [task.cancelled() for task in tasks[1:]]
 
     assert asyncio.run(asyncio.wait_for(scenario(), 5)) == [True, True, True]
