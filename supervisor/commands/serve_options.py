@@ -191,14 +191,15 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         default=ConnectionLimits.header_timeout,
         metavar="SECONDS",
         help="close a connection whose request head (request line and headers) is not complete this long "
-        "after it opened or after its previous response (default %(default)s)",
+        "after it opened or after its previous response, answering 408 if part of it came (default %(default)s)",
     )
     http.add_argument(
         "--http-body-timeout",
         type=float,
         default=ConnectionLimits.body_timeout,
         metavar="SECONDS",
-        help="close a connection whose request body is not complete this long after its head (default %(default)s)",
+        help="answer 408 and close a connection whose request body is not complete this long after its head "
+        "(default %(default)s)",
     )
     http.add_argument(
         "--http-keep-alive-timeout",

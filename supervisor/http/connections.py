@@ -5,7 +5,8 @@ a client as long as it likes to send its request: 200 connections trickling
 headers at a byte a second hold 200 descriptors for ever. `guarded_protocol`
 returns uvicorn's h11 protocol with two deadlines (the request head must
 arrive within `header_timeout` of the connection opening or of the previous
-response ending; the body within `body_timeout` of the head) and a cap on open
+response ending; the body within `body_timeout` of the head; a client that sent part
+of its request by then is answered 408 before the close) and a cap on open
 connections: at the cap, a new connection evicts the oldest one still
 waiting for its request head (a slow or idle client), or is closed at once
 when every open connection is busy with a request. `fd_budget` derives that
@@ -186,6 +187,10 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
                     "the request is not valid HTTP/1.1: check its request line and headers",
                     code="invalid_http_request",
                 )
+            self._answer_and_close(error)
+
+        def _answer_and_close(self, error: ApiError) -> None:
+            """Answer `error` in the API's envelope with `Connection: close`, and close once it is written."""
             body = bytes(error.response().body)  # as every other answer of the API renders it
             headers = [
                 (b"content-type", b"application/json"),
@@ -233,7 +238,25 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
             if self.transport.is_closing():
                 return
             log.info("HTTP: closing a connection from %s: its %s took over %gs", _peer(self.client), phase, seconds)
-            self._expire_now(phase)  # an app reading the body sees the client gone
+            answer = None
+            if self._request_begun() and (self.cycle is None or not self.cycle.response_started):
+                # RFC 9110 section 15.5.9: the request did not arrive in the time the server waits. A connection
+                # that sent nothing has no request to answer (a 408 could be taken for the answer to a request
+                # sent as it closes), and one whose response began can only be cut.
+                head = phase == "request head"
+                answer = ApiError(
+                    408,
+                    f"the request's {'request line and headers' if head else 'body'} did not arrive within "
+                    f"{seconds:g} s ({'--http-header-timeout' if head else '--http-body-timeout'}); send it "
+                    "whole, on a new connection",
+                    code="request_timeout",
+                )
+            self._expire_now(phase, answer)  # an app reading the body sees the client gone: its answer goes nowhere
+
+        def _request_begun(self) -> bool:
+            """Whether the client sent part of a request: some of its head (h11 holds it until it ends), or all of
+            it (its body is due). A connection that sent nothing has no request to answer."""
+            return self.conn.their_state is not h11.IDLE or bool(self.conn.trailing_data[0])
 
         def _reading_request(self) -> str | None:
             """ "request head" or "request body" while the client still owes its request; None once it is in."""
@@ -256,12 +279,15 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
                         return True
             return False
 
-        def _expire_now(self, phase: str) -> None:
+        def _expire_now(self, phase: str, answer: ApiError | None = None) -> None:
             self._disarm()
             if phase == "request body" and self.cycle is not None:
                 self.cycle.disconnected = True
                 self.cycle.message_event.set()
-            self.transport.close()
+            if answer is not None:
+                self._answer_and_close(answer)
+            else:
+                self.transport.close()
 
     return GuardedH11Protocol
 

@@ -427,3 +427,40 @@ def test_a_transfer_coding_the_server_does_not_read_is_501_and_the_connection_cl
         assert "chunked" in body["error"]["message"] and closed
 
     served_raw(scenario)
+
+
+def served_with_deadlines(scenario, seconds: float) -> None:
+    """`served_raw`, with request head and body deadlines of `seconds`."""
+    from stagevisor.supervisor.http.settings import ConnectionLimits, HttpSettings
+
+    limits = ConnectionLimits(header_timeout=seconds, body_timeout=seconds)
+
+    async def serve() -> None:
+        server = HttpServer(create_app(FakeDaemon()), "127.0.0.1", 0, settings=HttpSettings(limits=limits))
+        await server.start()
+        try:
+            await asyncio.to_thread(scenario, server.port)
+        finally:
+            await server.stop()
+
+    asyncio.run(serve())
+
+
+def test_a_request_cut_short_by_its_deadline_is_answered_408_before_the_connection_closes():
+    """RFC 9110 section 15.5.9: a server that did not receive a complete request in the time it waits may answer
+    408 and close. The head and body deadlines closed the connection without a word, so a client (or a proxy in
+    front) could not tell a deadline from a crash. A connection that sent nothing is closed without one: there is
+    no request to answer, and a 408 on it could be taken for the answer to a request sent as it arrives."""
+
+    def scenario(port: int) -> None:
+        partial_head = b"POST /v1/audio/speech HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        short_body = partial_head + b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"input": '
+        for request, phase in ((partial_head, "request line and headers"), (short_body, "body")):
+            answer, closed = raw_exchange(port, request, wait=10.0)
+            status, headers, body = envelope(answer)
+            assert (status, headers["connection"], body["error"]["code"]) == (408, "close", "request_timeout")
+            assert phase in body["error"]["message"], body
+            assert closed
+        assert raw_exchange(port, b"", wait=10.0) == (b"", True)
+
+    served_with_deadlines(scenario, 0.5)
