@@ -213,7 +213,8 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="open HTTP connections at once; at the cap a new one replaces the oldest idle one "
+        help="open HTTP connections at once; at the cap a new one replaces the oldest idle one, or when all are "
+        "busy takes one of 4 more that answer only health probes (others get 503) "
         "(default: half the descriptors left after gRPC, worker links and shared memory, from ulimit -n)",
     )
     http.add_argument(

@@ -8,8 +8,10 @@ arrive within `header_timeout` of the connection opening or of the previous
 response ending; the body within `body_timeout` of the head; a client that sent part
 of its request by then is answered 408 before the close) and a cap on open
 connections: at the cap, a new connection evicts the oldest one still
-waiting for its request head (a slow or idle client), or is closed at once
-when every open connection is busy with a request. `fd_budget` derives that
+waiting for its request head (a slow or idle client); when every open connection is
+busy with a request, it takes one of PROBE_RESERVE places past the cap, where a
+health probe is answered and any other request gets 503 with Retry-After, or is
+closed at once when those are taken too. `fd_budget` derives that
 cap from RLIMIT_NOFILE, after what the daemon's other users of descriptors
 (gRPC, worker links, shared memory, logs) are given. The protocol also names
 its transport to the requests it starts (backlog.py).
@@ -27,7 +29,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, STATUS_PHRASES, H11Protocol
 
 from stagevisor.supervisor.http import backlog
-from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.errors import ApiError, refuse
 from stagevisor.supervisor.http.settings import ConnectionLimits
 
 log = logging.getLogger("stagevisor.http")
@@ -40,6 +42,14 @@ HTTP_SHARE = 0.5
 """Of what is left, the HTTP server's connections take half; public gRPC connections and bursts the other half."""
 MIN_HTTP_CONNECTIONS = 8
 MAX_HTTP_CONNECTIONS = 4096
+PROBE_RESERVE = 4
+"""Connections past the cap, taken only when every connection under it is busy with a request: each answers a
+health probe (GET or HEAD of PROBE_PATHS) and 503 `too_many_connections` to anything else, then closes. Without
+them a busy daemon reset its load balancer's probes, which then took it for down."""
+PROBE_PATHS = ("/health", "/ready")
+RETRY_AFTER_BUSY = 1
+"""Seconds a request refused past the cap is told to wait (`Retry-After`): short, as a place under the cap frees
+whenever any response ends (a choice, not a measured figure)."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,40 @@ class _Registry:
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self.open: dict[Any, None] = {}
+        self.reserve: dict[Any, None] = {}
+        """Connections let in past the cap to answer a health probe (PROBE_RESERVE at most)."""
+
+
+class ProbesOnly:
+    """ASGI app of a connection let in past the cap: a health probe is served (its response closes the
+    connection), anything else is answered 503 `too_many_connections` with Retry-After, a WebSocket handshake
+    included."""
+
+    def __init__(self, app: Any, cap: int) -> None:
+        self.app = app
+        self.cap = cap
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] in ("GET", "HEAD") and scope["path"] in PROBE_PATHS:
+
+            async def closing(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+                await send(message)
+
+            await self.app(scope, receive, closing)
+            return
+        await refuse(self.error(), scope, receive, send)
+
+    def error(self) -> ApiError:
+        """The answer to a request other than a health probe."""
+        return ApiError(
+            503,
+            f"every HTTP connection the daemon takes ({self.cap}, --http-max-connections) is busy with a request; "
+            f"retry in {RETRY_AFTER_BUSY} s (GET /health and /ready are still answered)",
+            code="too_many_connections",
+            headers={"Retry-After": str(RETRY_AFTER_BUSY), "Connection": "close"},
+        )
 
 
 def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
@@ -121,14 +165,24 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
             # asyncio gives a stream protocol a Transport; uvicorn's H11Protocol declares the narrower type.
             super().connection_made(cast(asyncio.Transport, transport))
             if len(registry.open) >= registry.cap and not self._evict_one():
-                log.warning("HTTP: %d connections open (the cap); closing a new one", registry.cap)
-                transport.close()
-                return
-            registry.open[self] = None
+                if len(registry.reserve) >= PROBE_RESERVE:
+                    log.warning(
+                        "HTTP: %d connections open (the cap) and %d more for health probes; closing a new one",
+                        registry.cap,
+                        PROBE_RESERVE,
+                    )
+                    transport.close()
+                    return
+                # Every connection is busy with a request: this one answers a health probe, else a 503.
+                self.app = ProbesOnly(self.app, registry.cap)
+                registry.reserve[self] = None
+            else:
+                registry.open[self] = None
             self._arm(limits.header_timeout, "request head")
 
         def connection_lost(self, exc: Exception | None) -> None:
             registry.open.pop(self, None)
+            registry.reserve.pop(self, None)
             self._disarm()
             super().connection_lost(exc)
 
@@ -136,6 +190,10 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
             # The connection becomes a WebSocket session with its own idle limit (--stream-idle-timeout): no
             # read deadline may cut it, no newcomer evict it. It still counts toward the cap until it closes;
             # the transport then reports to the WebSocket protocol, not to this one.
+            if isinstance(self.app, ProbesOnly):  # past the cap: the session would bypass the probes-only app
+                self._disarm()
+                self._answer_and_close(self.app.error())
+                return
             self._upgraded = True
             self._disarm()
             super().handle_websocket_upgrade(event)
@@ -144,6 +202,7 @@ def guarded_protocol(limits: ConnectionLimits, cap: int) -> type[H11Protocol]:
 
             def connection_lost(exc: Exception | None) -> None:
                 registry.open.pop(self, None)
+                registry.reserve.pop(self, None)
                 session_lost(exc)
 
             session.connection_lost = connection_lost  # type: ignore[method-assign]

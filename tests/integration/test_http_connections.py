@@ -193,7 +193,8 @@ def test_a_websocket_session_outlives_the_body_deadline_and_no_newcomer_evicts_i
             thread.start()
         for _ in sessions:
             assert opened.acquire(timeout=30), results
-        # At the cap, with both sessions busy: newcomers are closed, the sessions are not touched.
+        # At the cap, with both sessions busy: newcomers take the places kept for health probes (or are closed past
+        # them), the sessions are not touched.
         newcomers = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(3)]
         for thread in sessions:
             thread.join(2 * BODY_TIMEOUT + ANSWER_WAIT)  # a session cut short ends at once; this only bounds a hang

@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from types import SimpleNamespace
@@ -21,7 +22,7 @@ from stagevisor.supervisor.http.app import create_app
 from stagevisor.supervisor.http.server import HttpAddressError, HttpServer, parse_http_address
 from stagevisor.supervisor.reports import StatusReport, TopologyReport
 from tests.fakes import ScriptedHandle, audio_chunk, empty_topology, one_group_status
-from tests.integration.daemon_helpers import ROOT, DaemonProcess, colocated_pipeline, daemon_env
+from tests.integration.daemon_helpers import ROOT, DaemonProcess, colocated_pipeline, daemon_env, poll_until
 
 
 class FakeDaemon:
@@ -464,3 +465,70 @@ def test_a_request_cut_short_by_its_deadline_is_answered_408_before_the_connecti
         assert raw_exchange(port, b"", wait=10.0) == (b"", True)
 
     served_with_deadlines(scenario, 0.5)
+
+
+def test_at_the_cap_of_busy_connections_health_probes_are_answered_and_other_requests_get_503():
+    """Every connection under the cap busy with a request (streams, say): a new connection was closed at once,
+    so a load balancer's `GET /health` failed for a healthy, busy daemon and took it out of rotation. Now
+    PROBE_RESERVE connections past the cap answer a probe, and any other request 503 with Retry-After; past
+    those, a newcomer is still closed at once."""
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from stagevisor.supervisor.http.connections import PROBE_RESERVE
+
+    cap = 2
+    held: list[asyncio.Event] = []
+    entered = 0
+
+    async def hold(request):
+        nonlocal entered
+        release = asyncio.Event()
+        held.append(release)
+        entered += 1
+        await release.wait()
+        return PlainTextResponse("released")
+
+    def scenario(port: int, loop: asyncio.AbstractEventLoop) -> None:
+        busy = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(cap)]
+        for sock in busy:
+            sock.sendall(b"GET /hold HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        poll_until(lambda: entered == cap, timeout=10, message="the cap's connections busy")
+
+        for probe in (b"GET /health", b"HEAD /ready", b"GET /health"):
+            answer, closed = raw_exchange(port, probe + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+            assert b"connection: close\r\n" in answer.lower() and closed
+        answer, closed = raw_exchange(port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        status, headers, body = envelope(answer)
+        assert (status, headers["retry-after"], body["error"]["code"]) == (503, "1", "too_many_connections")
+        assert closed
+        handshake = (
+            b"GET /v1/audio/speech/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade"
+            b"\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        answer, closed = raw_exchange(port, handshake)  # a session would bypass the probes-only app
+        assert envelope(answer)[0] == 503 and closed
+
+        # The reserve taken by connections that send nothing: the next newcomer is closed without a word.
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(PROBE_RESERVE)]
+        time.sleep(0.2)  # the server takes them in before the next one
+        assert raw_exchange(port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n") == (b"", True)
+        for sock in idle:
+            sock.close()
+        loop.call_soon_threadsafe(lambda: [release.set() for release in held])
+        for sock in busy:
+            sock.settimeout(10)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+            sock.close()
+
+    async def serve() -> None:
+        app = create_app(FakeDaemon(), extra_routes=[Route("/hold", hold, methods=["GET"])])
+        server = HttpServer(app, "127.0.0.1", 0, max_connections=cap)
+        await server.start()
+        try:
+            await asyncio.to_thread(scenario, server.port, asyncio.get_running_loop())
+        finally:
+            await server.stop()
+
+    asyncio.run(serve())
