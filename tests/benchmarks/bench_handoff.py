@@ -288,7 +288,7 @@ async def time_in_process(chain, count: int) -> tuple[float, float]:
     started = time.perf_counter()
     for index in range(count):
         state = RequestState(str(index))
-        await runtime.runner.run(
+        await runtime.calls.run(
             Invocation(runtime.emitter, state, names[0], StagePayload(state.request_id, request, data), None)
         )
     edge_time = (time.perf_counter() - started) / count
