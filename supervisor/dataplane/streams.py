@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Protocol
 
 STREAM_WINDOW = 8
 """Chunks a stream may have buffered at its receiver; the producer's ctx.stream waits beyond it."""
+
+
+class ChunkCount(Protocol):
+    """Where an edge's chunks are counted (metrics/recorder.py's EdgeStats)."""
+
+    chunks: int
 
 
 class ChunkQueue:
@@ -27,7 +33,7 @@ class ChunkQueue:
         self._writable = asyncio.Event()
         self._writable.set()
         self._on_consumed = on_consumed
-        self.edge: Any = None
+        self.edge: ChunkCount | None = None
         """The EdgeStats (metrics/recorder.py) whose `chunks` an in-process producer's chunks count in; None: not
         counted (metrics off, or a remote stream: its chunks are counted as they arrive)."""
 
