@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 
 from stagevisor.supervisor.metrics.buckets import LATENCY_BOUNDS, RTF_BOUNDS, quantile
 from stagevisor.supervisor.metrics.collector import AdmissionCounts, WorkerCollector
-from stagevisor.supervisor.metrics.totals import EdgeTotals, SeriesTotals, StageTotals, add_counts
+from stagevisor.supervisor.metrics.totals import IN_FLIGHT_KEPT, EdgeTotals, SeriesTotals, StageTotals, add_counts
 from stagevisor.supervisor.metrics.timings import request_timings
 from stagevisor.supervisor.metrics.recent import RecentRequests
 from stagevisor.supervisor.metrics.playback import Playback
@@ -283,7 +283,9 @@ class DaemonMetrics:
                 totals.history.append((now, list(totals.buckets), totals.calls))
                 while len(totals.history) > 2 and totals.history[1][0] <= now - WINDOW_SECONDS:
                     totals.history.popleft()
-            totals.in_flight[report.group] = (report.pid, item.in_flight)
+            totals.in_flight[report.group, report.pid] = (report.pid, item.in_flight)
+            if len(totals.in_flight) > IN_FLIGHT_KEPT:
+                del totals.in_flight[next(iter(totals.in_flight))]
         for item in report.edges:
             key = (item.src, item.dst, item.transport)
             edge_totals = self.edges.get(key)

@@ -41,10 +41,16 @@ class SeriesTotals:
         self.failures += item.failures
 
 
+IN_FLIGHT_KEPT = 1024
+"""Entries of StageTotals.in_flight kept per stage: far more workers than run a stage at once."""
+
+
 @dataclass
 class StageTotals(SeriesTotals):
-    in_flight: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Reporting worker's name (its group, or a replica's own name) -> (pid, calls running) as last reported."""
+    in_flight: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    """(reporting worker's name, its pid) -> (pid, calls running) as last reported. By name and pid: while an apply
+    switches, the old topology's worker and the new one share a name, and the old one's last report as it stops
+    must not stand for the new one's (the oldest entries go past IN_FLIGHT_KEPT: workers long gone)."""
     history: deque[tuple[float, list[int], int]] = field(default_factory=deque)
     """(monotonic time, cumulative buckets, cumulative calls) after each report, trimmed to the window."""
 

@@ -336,6 +336,23 @@ def test_a_worker_a_scale_renamed_still_counts_under_the_name_it_reports():
     assert metrics.worker_in_flight("g2/0", 21) == 3
 
 
+def test_an_old_workers_stop_report_during_an_apply_does_not_stand_for_its_successors():
+    """While an apply switches, the old topology's `g2` (pid 21) and the new one's (pid 31) both report as `g2`: the
+    old one's last report as it stopped (0 in flight) replaced the new one's, and the stage read 0 in flight
+    (`top`, the autoscaler) until the new worker's next report."""
+    metrics = reported_in_flight(("g2", 31, 3), ("g2", 21, 0))
+    assert metrics.stage_in_flight("c", {"g2": 31}) == 3
+    assert metrics.worker_in_flight("g2", 31) == 3
+
+
+def test_in_flight_keeps_a_bounded_number_of_reporting_workers():
+    from stagevisor.supervisor.metrics.totals import IN_FLIGHT_KEPT
+
+    metrics = reported_in_flight(*((f"g2/{pid}", pid, 1) for pid in range(1, IN_FLIGHT_KEPT + 11)))
+    assert len(metrics.stages["c"].in_flight) == IN_FLIGHT_KEPT
+    assert metrics.stage_in_flight("c", {"g2/1": 1, "last": IN_FLIGHT_KEPT + 10}) == 1  # the oldest went first
+
+
 def test_request_meter_observes_latency_first_audio_rtf_and_gaps_by_outcome():
     metrics = DaemonMetrics("demo", {})
     meter = metrics.start_request()
