@@ -283,6 +283,7 @@ class DaemonMetrics:
                 totals.history.append((now, list(totals.buckets), totals.calls))
                 while len(totals.history) > 2 and totals.history[1][0] <= now - WINDOW_SECONDS:
                     totals.history.popleft()
+            totals.in_flight.pop((report.group, report.pid), None)  # last in the order: the newest report
             totals.in_flight[report.group, report.pid] = (report.pid, item.in_flight)
             if len(totals.in_flight) > IN_FLIGHT_KEPT:
                 del totals.in_flight[next(iter(totals.in_flight))]

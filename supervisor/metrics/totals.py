@@ -50,7 +50,7 @@ class StageTotals(SeriesTotals):
     in_flight: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     """(reporting worker's name, its pid) -> (pid, calls running) as last reported. By name and pid: while an apply
     switches, the old topology's worker and the new one share a name, and the old one's last report as it stops
-    must not stand for the new one's (the oldest entries go past IN_FLIGHT_KEPT: workers long gone)."""
+    must not stand for the new one's (past IN_FLIGHT_KEPT, the entry reported longest ago goes: a worker long gone)."""
     history: deque[tuple[float, list[int], int]] = field(default_factory=deque)
     """(monotonic time, cumulative buckets, cumulative calls) after each report, trimmed to the window."""
 

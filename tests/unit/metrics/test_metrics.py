@@ -348,9 +348,11 @@ def test_an_old_workers_stop_report_during_an_apply_does_not_stand_for_its_succe
 def test_in_flight_keeps_a_bounded_number_of_reporting_workers():
     from stagevisor.supervisor.metrics.totals import IN_FLIGHT_KEPT
 
-    metrics = reported_in_flight(*((f"g2/{pid}", pid, 1) for pid in range(1, IN_FLIGHT_KEPT + 11)))
+    others = [(f"g2/{pid}", pid, 1) for pid in range(2, IN_FLIGHT_KEPT + 11)]
+    metrics = reported_in_flight(("g2", 1, 2), *others[:900], ("g2", 1, 2), *others[900:])
+    # g2 (pid 1) reported first and again later: it stays, and those reported longest ago go
     assert len(metrics.stages["c"].in_flight) == IN_FLIGHT_KEPT
-    assert metrics.stage_in_flight("c", {"g2/1": 1, "last": IN_FLIGHT_KEPT + 10}) == 1  # the oldest went first
+    assert metrics.stage_in_flight("c", {"g2": 1, "g2/2": 2, "g2/12": 12}) == 3
 
 
 def test_request_meter_observes_latency_first_audio_rtf_and_gaps_by_outcome():
