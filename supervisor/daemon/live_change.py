@@ -187,6 +187,14 @@ class LiveChange(Generic[G]):
         serving or a new worker does not start (its cause included; the new
         workers are stopped, the running ones untouched).
         """
+        return (await self._apply_checked(plan, dry_run, None))[1]
+
+    async def _apply_checked(
+        self, plan: Plan, dry_run: bool, counts_given: frozenset[str] | None
+    ) -> tuple[Plan, TopologyDiff]:
+        """`apply`, answering the plan applied: with `counts_given` (the groups whose count the request sets), `plan`
+        keeps the replicas the autoscaler runs for every other group that stays autoscaled, read under the change
+        lock."""
         host = self.host
         unfound = self._unimportable(plan)
         if unfound is not None:
@@ -204,7 +212,7 @@ class LiveChange(Generic[G]):
             if not dry_run:
                 self._refused(refusal)
             raise refusal
-        return await run_locked(self.lock(), lambda: self._apply(plan, dry_run))
+        return await run_locked(self.lock(), lambda: self._apply(plan, dry_run, counts_given))
 
     def _unimportable(self, plan: Plan) -> ConfigError | None:
         """MODULE_NOT_FOUND (or MISSING_DEPENDENCY) for a factory of `plan` its new workers could not import: they
@@ -237,13 +245,13 @@ class LiveChange(Generic[G]):
 
         try:
             self._check_model_path(request)
-            plan = self._autoscaled_counts_kept(plan_placement(request), replica_counts_given(request))
+            planned = plan_placement(request)
             voices = voice_names(request)
         except StagevisorError as error:
             if not dry_run:
                 self._refused(error)
             raise
-        diff = await self.apply(plan, dry_run=dry_run)
+        plan, diff = await self._apply_checked(planned, dry_run, replica_counts_given(request))
         if voices is None:
             return plan, diff, None
         host = self.host
@@ -298,19 +306,22 @@ class LiveChange(Generic[G]):
                 plan = rescale(plan, group.name, count)
         return plan
 
-    async def _apply(self, plan: Plan, dry_run: bool) -> TopologyDiff:
+    async def _apply(self, plan: Plan, dry_run: bool, counts_given: frozenset[str] | None) -> tuple[Plan, TopologyDiff]:
         host = self.host
-        diff = topology_diff(host.plan, plan)
-        if not diff.changed:
-            return diff
         try:
+            if counts_given is not None:
+                # Under the change lock: a scale (the autoscaler's) this apply waited for has set the count it keeps.
+                plan = self._autoscaled_counts_kept(plan, counts_given)
+            diff = topology_diff(host.plan, plan)
+            if not diff.changed:
+                return plan, diff
             self._check_switchable(plan)
-        except (PlacementError, DaemonError) as error:
+        except (StagevisorError, DaemonError) as error:
             if not dry_run:  # a dry run answers what the apply would: refused the same way, but nothing counted
                 self._refused(error)
             raise
         if dry_run:
-            return diff
+            return plan, diff
         try:
             switch = asyncio.ensure_future(self._switch(plan, diff))
             self._starting = switch
@@ -322,7 +333,7 @@ class LiveChange(Generic[G]):
             self._refused(error)
             raise
         self._count("applied")
-        return diff
+        return plan, diff
 
     def _check_switchable(self, plan: Plan) -> None:
         """Refuse a switch to `plan` the daemon cannot make now: another launcher, a daemon not SERVING, a GPU that

@@ -655,3 +655,36 @@ def test_an_apply_keeps_the_replicas_the_autoscaler_runs_unless_it_sets_the_coun
     assert not same.changed, same.render()
     assert [g.details for g in within.groups if g.name == "vocoder"] == [("replicas 2 -> 1", "autoscale settings")]
     assert [g.details for g in fewer.groups if g.name == "vocoder"] == [("replicas 2 -> 1",)]
+
+
+def test_an_apply_waiting_for_an_autoscaler_scale_keeps_the_count_that_scale_leaves(tmp_path):
+    """
+    1. the autoscaler scales `vocoder` from 1 to 2 replicas; its new replica still loads (the change lock held);
+    2. `apply --config` of the very config the daemon runs arrives meanwhile and waits for the scale;
+    3. the scale ends: the apply keeps the 2 replicas the autoscaler now runs, so the config is no change. Before,
+       it read the count (1) before it waited, then "replicas 2 -> 1" restarted every worker under load.
+    """
+    from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+
+    config = PlacementRequest(config_path="auto.yaml", config_text=AUTOSCALED_VOCODER)
+
+    async def scenario():
+        plan = plan_placement(config)
+        launcher = FakeLauncher(["ready"] * len(plan.groups) + ["held"])
+        daemon = await started_daemon(plan, tmp_path, launcher)
+        try:
+            scaling = asyncio.create_task(daemon.scale_group("vocoder", 2, operator=False))
+            await settle(lambda: len(launcher.workers) == len(plan.groups) + 1)
+            applying = asyncio.create_task(daemon.apply_request(config, dry_run=True))
+            for _ in range(100):  # loop turns, not wall time: the apply plans, then waits for the lock
+                await asyncio.sleep(0)
+            launcher.workers[-1].answer()
+            await asyncio.wait_for(scaling, 30)
+            kept, diff, _ = await asyncio.wait_for(applying, 30)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return kept, diff
+
+    kept, diff = asyncio.run(scenario())
+    assert not diff.changed, diff.render()
+    assert kept.group("vocoder").replicas == 2
