@@ -212,7 +212,24 @@ class LiveChange(Generic[G]):
             if not dry_run:
                 self._refused(refusal)
             raise refusal
-        return await run_locked(self.lock(), lambda: self._apply(plan, dry_run, counts_given))
+        attempt = _Attempt()
+        try:
+            return await run_locked(self.lock(), lambda: self._apply(plan, dry_run, counts_given, attempt))
+        except asyncio.CancelledError:
+            await self._abandon(attempt)
+            raise
+
+    async def _abandon(self, attempt: _Attempt) -> None:
+        """The client of an apply went away (Ctrl-C, a cancelled Apply RPC): while its new workers still start, the
+        apply is refused (they stop, the running topology serves on); once it has switched, it goes on to its end."""
+        switch = attempt.switch
+        if switch is None or switch is not self._starting or switch.done():
+            return  # waiting for the lock (nothing started), or past the switch (the change must not stop half-way)
+        attempt.client_gone = True
+        log.info("apply: its client went away while the new workers started; the apply is refused, stopping them")
+        switch.cancel()
+        # Until its new workers are stopped and its refusal told: the next change waits for this one anyway.
+        await asyncio.gather(switch, *([attempt.task] if attempt.task else []), return_exceptions=True)
 
     def _unimportable(self, plan: Plan) -> ConfigError | None:
         """MODULE_NOT_FOUND (or MISSING_DEPENDENCY) for a factory of `plan` its new workers could not import: they
@@ -306,8 +323,11 @@ class LiveChange(Generic[G]):
                 plan = rescale(plan, group.name, count)
         return plan
 
-    async def _apply(self, plan: Plan, dry_run: bool, counts_given: frozenset[str] | None) -> tuple[Plan, TopologyDiff]:
+    async def _apply(
+        self, plan: Plan, dry_run: bool, counts_given: frozenset[str] | None, attempt: _Attempt
+    ) -> tuple[Plan, TopologyDiff]:
         host = self.host
+        attempt.task = asyncio.current_task()
         try:
             if counts_given is not None:
                 # Under the change lock: a scale (the autoscaler's) this apply waited for has set the count it keeps.
@@ -323,8 +343,8 @@ class LiveChange(Generic[G]):
         if dry_run:
             return plan, diff
         try:
-            switch = asyncio.ensure_future(self._switch(plan, diff))
-            self._starting = switch
+            switch = asyncio.ensure_future(self._switch(plan, diff, attempt))
+            self._starting = attempt.switch = switch
             await asyncio.shield(switch)
         except StoppedAfterSwitch:
             self._count("applied")  # it switched: not a refusal, though the daemon no longer runs either topology
@@ -391,7 +411,7 @@ class LiveChange(Generic[G]):
             text = f"apply refused: {text}"
         self.host.publish(ConditionEvent.now("", GroupState.READY, text, "WARNING"))
 
-    async def _switch(self, plan: Plan, diff: TopologyDiff) -> None:
+    async def _switch(self, plan: Plan, diff: TopologyDiff, attempt: _Attempt) -> None:
         host = self.host
         run_dir = self._directory(self.generation + 1)
         make_private_dir(run_dir)
@@ -438,6 +458,8 @@ class LiveChange(Generic[G]):
                     "apply refused: the daemon began stopping before the new topology was READY; its new workers "
                     "are stopped; nothing changed"
                 ) from None
+            if attempt.client_gone:
+                raise DaemonError(CLIENT_GONE) from None
             if failures:
                 cause = failures[0].message
             elif isinstance(error, WorkerStartError):
@@ -509,6 +531,23 @@ def _same_model_path(named: str, served: str | None) -> bool:
     """Whether a model path names the served one as --model-path is matched (surrounding spaces and a trailing slash
     dropped)."""
     return served is not None and named.strip().rstrip("/") == served.strip().rstrip("/")
+
+
+CLIENT_GONE = (
+    "apply refused: its client went away (Ctrl-C, or a cancelled Apply call) before the new topology was READY; its "
+    "new workers are stopped; nothing changed"
+)
+"""Why an apply whose client went away before its switch changed nothing."""
+
+
+class _Attempt:
+    """One apply while it runs: its task under the change lock, the task starting its new topology (until it ends),
+    and whether its client went away before the switch."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[Any] | None = None
+        self.switch: asyncio.Task[None] | None = None
+        self.client_gone = False
 
 
 class StoppedAfterSwitch(DaemonError):

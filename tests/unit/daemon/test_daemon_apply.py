@@ -353,14 +353,15 @@ def test_an_old_topologys_worker_that_dies_while_the_apply_drains_it_is_not_rest
     ]
 
 
-@pytest.mark.parametrize("first", ["apply", "scale", "rolling restart"])
+@pytest.mark.parametrize("first", ["scale", "rolling restart"])
 def test_a_change_whose_client_went_away_still_holds_off_the_next_change_until_it_ends(tmp_path, first):
     """
-    1. an apply (a scale, a rolling restart) starts its new workers, which take long to get READY;
+    1. a scale (a rolling restart) starts its new workers, which take long to get READY;
     2. its client goes away (Ctrl-C, the CLI's deadline): the change goes on, as it must not stop half-way;
-    3. the operator runs another apply meanwhile: it waits for the first change to end, and starts no worker
-       beside it (it started the same generation's topology beside the first one's, or switched away from
-       the topology a scale was still adding replicas to).
+    3. the operator runs an apply meanwhile: it waits for the first change to end, and starts no worker
+       beside it (it switched away from the topology a scale was still adding replicas to).
+    An apply whose client goes away is refused while its new workers start, and goes on once it has switched
+    (the tests below).
     """
 
     async def scenario():
@@ -373,10 +374,7 @@ def test_a_change_whose_client_went_away_still_holds_off_the_next_change_until_i
         else:
             launcher = FakeLauncher(["ready", "ready", "hang", "hang"])
             daemon = await started_daemon(plan, tmp_path, launcher)
-        if first == "apply":
-            changing = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "front", "pipeline")))
-            await settle(lambda: len(launcher.workers) == 4)
-        elif first == "scale":
+        if first == "scale":
             changing = asyncio.create_task(daemon.scale_group("pipeline", 2))
             await settle(lambda: len(launcher.workers) == 3)
         spawned = len(launcher.workers)
@@ -688,3 +686,90 @@ def test_an_apply_waiting_for_an_autoscaler_scale_keeps_the_count_that_scale_lea
     kept, diff = asyncio.run(scenario())
     assert not diff.changed, diff.render()
     assert kept.group("vocoder").replicas == 2
+
+
+def test_an_apply_whose_client_goes_away_while_its_new_workers_start_is_refused_and_stops_them(tmp_path):
+    """
+    1. an apply starts its new topology; its new worker hangs while it builds (it would hold the change lock for
+       up to --start-timeout, and only `stagevisor stop` ended it);
+    2. its client goes away (Ctrl-C, a cancelled Apply RPC): the apply is refused, its new worker stopped, counted
+       and announced; the running topology served throughout;
+    3. the next apply goes ahead at once.
+    """
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "hang"])
+        daemon = await started_daemon(cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher)
+        events = daemon.events.subscribe()
+        try:
+            applying = asyncio.create_task(daemon.apply_plan(cpu_plan("a", "a", "a", "a")))
+            await settle(lambda: len(launcher.workers) == 2)
+            applying.cancel()  # the client went away
+            outcome = (await asyncio.wait_for(asyncio.gather(applying, return_exceptions=True), 30))[0]
+            after = (
+                launcher.workers[1].exited.done(),
+                list(launcher.workers[0].signals),
+                daemon.group_names(),
+                daemon.state,
+                refusal_events(events),
+            )
+            assert daemon.metrics is not None
+            refused = daemon.metrics.registry.get_sample_value(
+                "stagevisor_topology_applies_total", {"outcome": "refused"}
+            )
+            await asyncio.wait_for(daemon.apply_plan(cpu_plan("a", "a", "a", "a")), 30)
+            groups = daemon.group_names()
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return outcome, after, refused, groups
+
+    outcome, (stopped, signals, running, state, published), refused, groups = asyncio.run(scenario())
+    assert isinstance(outcome, asyncio.CancelledError)
+    assert stopped and signals == [] and running == ["pipeline"] and state is DaemonState.SERVING
+    assert published == [
+        "apply refused: its client went away (Ctrl-C, or a cancelled Apply call) before the new topology was READY; "
+        "its new workers are stopped; nothing changed"
+    ]
+    assert refused == 1.0 and groups == ["a"]
+
+
+def test_an_apply_whose_client_goes_away_after_the_switch_goes_on_and_holds_off_the_next_change(tmp_path):
+    """Past the switch an apply must not stop half-way: its client going away while the old topology drains
+    leaves it running to its end, and the next apply waits for it (starts no worker beside it)."""
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
+
+    made: list = []
+
+    class DrainingGateway(SwitchingGateway):
+        def __init__(self, *args, admission=None) -> None:
+            super().__init__(*args, admission=admission)
+            self.holding = not made  # the first topology's gateway holds a request
+            made.append(self)
+
+        def in_flight(self) -> int:
+            return int(self.holding)
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = await started_daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher, DrainingGateway
+        )
+        try:
+            applying = asyncio.create_task(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")))
+            await settle(lambda: daemon.group_names() == ["front", "pipeline"])
+            applying.cancel()  # the client went away while the old topology drains
+            await asyncio.gather(applying, return_exceptions=True)
+            second = asyncio.create_task(daemon.apply_plan(cpu_plan("a", "a", "a", "a")))
+            for _ in range(200):  # loop turns, not wall time
+                await asyncio.sleep(0)
+            beside, old_signalled = len(launcher.workers), list(launcher.workers[0].signals)
+            made[0].holding = False
+            await asyncio.wait_for(second, 30)
+            groups = daemon.group_names()
+        finally:
+            made[0].holding = False
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return beside, old_signalled, groups
+
+    beside, old_signalled, groups = asyncio.run(scenario())
+    assert beside == 3 and old_signalled == [] and groups == ["a"]
