@@ -101,7 +101,11 @@ def _load_kwargs(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
 @contextlib.contextmanager
 def _weights_of(directory: Path | str) -> Iterator[None]:
     """Loading `directory`'s weights: a file missing or unreadable there (truncated safetensors, a lost shard) is
-    QWEN3_BAD_CHECKPOINT naming it, not the loader's own exception; running out of memory stays what it is."""
+    QWEN3_BAD_CHECKPOINT naming it, not the loader's own exception; running out of memory stays what it is.
+
+    So is a config.json the package cannot build the model it describes from (a key of talker_config missing:
+    the package's AttributeError) or that does not describe the weights beside it (a size changed: torch's
+    `size mismatch` RuntimeError), which failed the start with those exceptions alone."""
     from safetensors import SafetensorError
 
     try:
@@ -113,6 +117,14 @@ def _weights_of(directory: Path | str) -> Iterator[None]:
             "QWEN3_BAD_CHECKPOINT",
             f"{str(directory)!r} cannot be loaded ({type(error).__name__}: {str(error)[:300]}); the checkpoint is "
             "incomplete or damaged: copy it again",
+        ) from None
+    except (AttributeError, KeyError, TypeError, RuntimeError) as error:
+        if isinstance(error, RuntimeError) and "size mismatch" not in str(error):
+            raise
+        raise CheckpointError(
+            "QWEN3_BAD_CHECKPOINT",
+            f"{str(Path(directory) / 'config.json')!r} does not describe a model its weights load into "
+            f"({type(error).__name__}: {str(error)[:300]}); restore the checkpoint's own config.json",
         ) from None
 
 

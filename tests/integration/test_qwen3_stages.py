@@ -359,6 +359,35 @@ def test_weights_that_cannot_be_loaded_are_a_bad_checkpoint_naming_its_directory
         build(str(directory), dtype="float32")
 
 
+@pytest.mark.parametrize(
+    ("damage", "raised"),
+    [("drop text_vocab_size", "AttributeError"), ("halve hidden_size", "RuntimeError: .*size mismatch")],
+)
+def test_a_config_json_that_does_not_describe_its_weights_is_a_bad_checkpoint_naming_it(
+    checkpoints, tmp_path, damage, raised
+):
+    """A talker_config lacking a key the package reads failed the start with its AttributeError
+    ('Qwen3TTSTalkerConfig' object has no attribute 'text_vocab_size'), one whose size differs from the weights
+    with torch's size-mismatch RuntimeError: the guide promises QWEN3_BAD_CHECKPOINT."""
+    import json
+    import shutil
+
+    from stagevisor.stages import qwen3
+    from stagevisor.stages.qwen3.checkpoint import CheckpointError
+
+    directory = shutil.copytree(checkpoints["custom_voice"], tmp_path / "edited")
+    config = json.loads((directory / "config.json").read_text())
+    if damage == "drop text_vocab_size":
+        del config["talker_config"]["text_vocab_size"]
+    else:
+        config["talker_config"]["hidden_size"] //= 2
+    (directory / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        CheckpointError, match=rf"(?s)^QWEN3_BAD_CHECKPOINT: '.*edited/config.json' does not describe .*\({raised}"
+    ):
+        qwen3.tts_engine(str(directory), dtype="float32")
+
+
 def test_a_checkpoint_whose_speaker_encoder_config_names_its_model_type_loads(checkpoints, tmp_path):
     """The loader's one workaround (stages/qwen3/loading.py): save_pretrained writes `model_type` into
     speaker_encoder_config, which the package's config class cannot read back."""
