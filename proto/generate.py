@@ -1,6 +1,6 @@
 """Regenerate the gRPC stubs in supervisor/_proto/ from proto/stagevisor/v1/*.proto.
 
-Run from the repository root (needs grpcio-tools, part of the `test` extra):
+Run from the repository root (needs grpcio-tools, pinned in the `test` extra: the stubs record its version):
 
     python proto/generate.py            # rewrite supervisor/_proto/
     python proto/generate.py --check    # exit 1 when the committed stubs drift
