@@ -10,6 +10,7 @@ from stagevisor.supervisor.addresses import DEFAULT_HTTP, DEFAULT_LISTEN, defaul
 from stagevisor.supervisor.dataplane.admission import AdmissionLimits
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.http.settings import ConnectionLimits
+from stagevisor.supervisor.security.files import GENERATE_KEY
 
 
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
@@ -269,7 +270,7 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
         "TLS and authentication",
         "TLS and the API key protect the public endpoints (--listen, and HTTP); the admin API on TCP uses "
         "the same certificate and its own token. Generate a token with "
-        "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > api.key`.",
+        f"`{GENERATE_KEY.replace('FILE', 'api.key')}`.",
     )
     security.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain of the server")
     security.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert (unencrypted)")

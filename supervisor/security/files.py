@@ -16,7 +16,9 @@ from stagevisor.supervisor.errors import ErrorCode, StagevisorError
 
 MIN_API_KEY_CHARS = 16
 MAX_API_KEY_CHARS = 4096
-GENERATE_HINT = "generate one with: python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE"
+GENERATE_KEY = "(umask 077; python3 -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE)"
+"""A shell recipe for a key file: the umask makes FILE readable by its owner only, as key_file_warning asks."""
+GENERATE_HINT = f"generate one with: {GENERATE_KEY}"
 
 
 class SecurityError(StagevisorError):

@@ -897,3 +897,20 @@ def test_an_http_request_with_two_authorization_headers_is_refused_whichever_hol
     asyncio.run(BearerAuthMiddleware(app, Security(api_key=KEY))(scope, None, send))
     assert reached == [] and sent[0]["status"] == 401
     assert json.loads(sent[1]["body"])["error"]["message"].startswith("the request carried 2 authorization headers")
+
+
+def test_the_key_file_the_hint_tells_how_to_generate_draws_no_warning_about_its_mode(tmp_path):
+    """The hint (and `serve --help`'s recipe) wrote the key with `> FILE` alone: at the usual umask 022 that is
+    mode 0644, and `serve --api-key-file` then warned the file is readable by other users. The recipe sets the
+    umask it needs; here the file is created as the shell would create it under that umask."""
+    import re
+
+    umask = re.search(r"\(umask (0[0-7]{2,3}); python3 -c '.+' > FILE\)", secret_files.GENERATE_HINT)
+    assert umask, f"the hint makes the file at the caller's umask: {secret_files.GENERATE_HINT}"
+    key = tmp_path / "api.key"
+    previous = os.umask(int(umask.group(1), 8))
+    try:
+        os.close(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666))  # a shell's `>` asks for 0666
+    finally:
+        os.umask(previous)
+    assert secret_files.key_file_warning(key, "--api-key-file") is None

@@ -161,3 +161,12 @@ def test_format_table_or_json_reads_the_same_in_every_command_that_takes_it():
     }
     assert len(declared) >= 10 and "bench" in declared, sorted(declared)
     assert set(declared.values()) == {("output format (default: table)", ("table", "json"), "table")}, declared
+
+
+def test_serve_help_generates_a_token_the_way_the_key_file_hint_does(capsys):
+    """`serve --help` told how to make api.key with a recipe of its own that left the file readable by others,
+    which the same `serve` then warned about; it now shows the hint's recipe, naming api.key."""
+    from stagevisor.supervisor.security.files import GENERATE_KEY
+
+    text = " ".join(help_of(capsys, "serve").split())
+    assert f"Generate a token with `{GENERATE_KEY.replace('FILE', 'api.key')}`" in text
