@@ -107,7 +107,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     paths = import_paths(args.app_dir, args.config)
     # The same check `check` and `bench` make before they start anything (models/requirements.py).
-    problems = [unmet.message for unmet in unmet_requirements(plan)]
+    problems = [f"{unmet.code.value}: {unmet.message}" for unmet in unmet_requirements(plan)]
     problems += [
         item.line() for item in unimportable_factories(((stage.name, stage.factory) for stage in plan.stages), paths)
     ]

@@ -56,7 +56,9 @@ def test_serve_on_the_demo_model_without_the_extra_exits_1_before_anything_start
     monkeypatch.setattr("stagevisor.supervisor.service.run", lambda *a, **k: started.append(a))
     assert main(["serve", "--model-path", "demo", "--admin-address", "unix:/nonexistent/admin.sock"]) == 1
     err = capsys.readouterr().err
-    assert "error: stages 'preprocessing', 'tts_engine', 'vocoder' need the default voice (hibari-tts)" in err
+    # Led by its code, as `check` prints it and as every other error that stops serve is: without it, serve's
+    # line was the one refusal an operator could not grep or match to docs/placement.md's table.
+    assert "error: MISSING_DEPENDENCY: stages 'preprocessing', 'tts_engine', 'vocoder' need the default voice" in err
     assert "(missing: hibari)" in err and install_command("demo") in err
     assert started == []
 
