@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "without failing a request",
         description="Start a new worker for one process group beside its running one; once the new one is "
         "READY, new requests go to it, the old one finishes the requests it holds (for as long as a "
-        "request may run, --request-timeout, and never less than --drain-timeout), then stops. Returns once the old one is gone; no request fails. Should the new "
+        "request may run, --request-timeout, and never less than --drain-timeout), then stops. Returns once "
+        "the old one is gone; no request fails. Should the new "
         "worker die meanwhile, the old one takes the group's requests again until the new one is READY (or "
         "the drain's time is up: then it stops anyway, its requests still running fail, and the restart "
         "fails, exit status 1, while the group follows its crash recovery). Other groups "
