@@ -17,6 +17,25 @@ from tests.fakes import FakeLauncher
 from tests.integration.daemon_helpers import make_plan
 
 
+def draining_gateways() -> tuple[type, list]:
+    """A gateway class whose first instance (the first topology's) holds a request until its `holding` is set
+    False, and the list of the instances made, in order."""
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
+
+    made: list = []
+
+    class DrainingGateway(SwitchingGateway):
+        def __init__(self, *args, admission=None) -> None:
+            super().__init__(*args, admission=admission)
+            self.holding = not made
+            made.append(self)
+
+        def in_flight(self) -> int:
+            return int(self.holding)
+
+    return DrainingGateway, made
+
+
 def test_an_apply_for_another_model_is_refused_naming_the_model_path_to_give_apply(tmp_path):
     """`stagevisor apply --isolate-stage vocoder` without --model-path plans the default voice: against a daemon
     serving Higgs-TTS the refusal tells the operator which --model-path to add, not only to start another daemon."""
@@ -303,18 +322,7 @@ def test_an_old_topologys_worker_that_dies_while_the_apply_drains_it_is_not_rest
        routes to, stopped again once the drain ended);
     3. the apply ends with the new topology serving.
     """
-    from tests.unit.daemon.daemon_driver import SwitchingGateway
-
-    made: list = []
-
-    class DrainingGateway(SwitchingGateway):
-        def __init__(self, *args, admission=None) -> None:
-            super().__init__(*args, admission=admission)
-            self.holding = not made  # the first topology's gateway holds a request
-            made.append(self)
-
-        def in_flight(self) -> int:
-            return int(self.holding)
+    DrainingGateway, made = draining_gateways()
 
     async def scenario():
         launcher = FakeLauncher([])
@@ -736,18 +744,7 @@ def test_an_apply_whose_client_goes_away_while_its_new_workers_start_is_refused_
 def test_an_apply_whose_client_goes_away_after_the_switch_goes_on_and_holds_off_the_next_change(tmp_path):
     """Past the switch an apply must not stop half-way: its client going away while the old topology drains
     leaves it running to its end, and the next apply waits for it (starts no worker beside it)."""
-    from tests.unit.daemon.daemon_driver import SwitchingGateway
-
-    made: list = []
-
-    class DrainingGateway(SwitchingGateway):
-        def __init__(self, *args, admission=None) -> None:
-            super().__init__(*args, admission=admission)
-            self.holding = not made  # the first topology's gateway holds a request
-            made.append(self)
-
-        def in_flight(self) -> int:
-            return int(self.holding)
+    DrainingGateway, made = draining_gateways()
 
     async def scenario():
         launcher = FakeLauncher([])
