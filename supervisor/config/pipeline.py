@@ -8,6 +8,7 @@ was received and what was expected.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import typing
@@ -105,6 +106,7 @@ class Frozen(BaseModel):
         return {name: value for name, value in data.items() if name not in omitted} if omitted else data
 
 
+@functools.cache
 def _null_sections(model: type[BaseModel]) -> frozenset[str]:
     """The fields of `model` that are sections with a default: a mapping, a list or a nested model that null does
     not stand for (its type does not admit None)."""
