@@ -31,6 +31,7 @@ from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, S
 from stagevisor.supervisor.http import backlog
 from stagevisor.supervisor.http.errors import ApiError, refuse
 from stagevisor.supervisor.http.settings import ConnectionLimits
+from stagevisor.supervisor.http.targets import routed_path
 
 log = logging.getLogger("stagevisor.http")
 
@@ -122,7 +123,7 @@ class ProbesOnly:
         self.cap = cap
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] in ("GET", "HEAD") and scope["path"] in PROBE_PATHS:
+        if scope["type"] == "http" and scope["method"] in ("GET", "HEAD") and routed_path(scope) in PROBE_PATHS:
 
             async def closing(message: dict[str, Any]) -> None:
                 if message["type"] == "http.response.start":

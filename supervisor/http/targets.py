@@ -27,6 +27,15 @@ SERVER_METHODS = "GET, HEAD, POST, DELETE, OPTIONS"
 the speech URL, which would synthesize; OPTIONS: CORS preflights, and this)."""
 
 
+def routed_path(scope: dict[str, Any]) -> str:
+    """The path a request routes to: its target's path, an absolute-form target's included (`AbsoluteTarget` makes
+    the same rewrite for the app behind it)."""
+    found = ABSOLUTE.fullmatch(scope.get("raw_path") or scope["path"].encode("utf-8"))
+    if found is None:
+        return str(scope["path"])
+    return unquote((found.group(3) or b"/").decode("latin-1"))
+
+
 class AbsoluteTarget:
     """ASGI middleware: an HTTP request or WebSocket handshake whose target is an absolute http(s) URI is routed
     as its path, with its authority as `Host`; one whose authority is empty or carries userinfo

@@ -495,7 +495,7 @@ def test_at_the_cap_of_busy_connections_health_probes_are_answered_and_other_req
             sock.sendall(b"GET /hold HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         poll_until(lambda: entered == cap, timeout=10, message="the cap's connections busy")
 
-        for probe in (b"GET /health", b"HEAD /ready", b"GET /health"):
+        for probe in (b"GET /health", b"HEAD /ready", b"GET http://127.0.0.1/health", b"GET /health"):
             answer, closed = raw_exchange(port, probe + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
             assert b"connection: close\r\n" in answer.lower() and closed
