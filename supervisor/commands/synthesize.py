@@ -83,7 +83,9 @@ def register(subparsers) -> None:
     from stagevisor.supervisor.commands.request_options import add_voice_options
 
     add_voice_options(parser)
-    parser.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds (default: 300)")
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, metavar="SECONDS", help="give up after this many seconds (default: 300)"
+    )
     parser.add_argument(
         "--timings", action="store_true", help="print how long each stage took and each handoff cost, as a waterfall"
     )
