@@ -292,3 +292,27 @@ def test_registry_refuses_a_duplicate_request_id():
     registry.put("r1", 1)
     with pytest.raises(StageError, match="already waiting"):
         registry.put("r1", 2)
+
+
+def test_every_refusal_of_a_reference_carries_a_code_a_grpc_client_can_act_on():
+    """Over gRPC these refusals carried no `stagevisor-error-code`, where HTTP answers `invalid_audio` or
+    `audio_too_long` for the same files: a client could tell them apart only by their words."""
+    import struct
+
+    from stagevisor.stages.reference import REFERENCE_TOO_LONG, REFERENCE_UNREADABLE
+
+    whole = reference_wav(seconds=0.5)
+    unreadable = {
+        "no WAV file": b"not a wav file at all",
+        "cut inside its header": whole[:30],
+        "float samples": whole[:20] + struct.pack("<H", 3) + whole[22:],
+        "1 Hz": whole[:24] + struct.pack("<II", 1, 2) + whole[32:],
+        "no samples": whole[:40] + struct.pack("<I", 0),
+    }
+    for why, data in unreadable.items():
+        with pytest.raises(InvalidRequest) as refused:
+            decode_reference_wav(data)
+        assert refused.value.code == REFERENCE_UNREADABLE, why
+    with pytest.raises(InvalidRequest) as refused:
+        decode_reference_wav(reference_wav(seconds=61.0))
+    assert refused.value.code == REFERENCE_TOO_LONG
