@@ -29,7 +29,7 @@ import threading
 import time
 import wave
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir, not_private_dir, remove_private_tree
 from stagevisor.supervisor.errors import DaemonError
@@ -327,26 +327,27 @@ def _write(path: Path, data: bytes) -> None:
 
 def _sample_rate(path: Path) -> int:
     """The sample rate a WAV file's header gives (its header alone is read); ValueError when it is none."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{AUDIO_FILE} is not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as file:
-            try:
-                with wave.open(file, "rb") as wav:
-                    return wav.getframerate()
-            except (wave.Error, EOFError) as error:
-                raise ValueError(f"{AUDIO_FILE} is not a WAV file: {error or 'it ends inside its header'}") from None
-    finally:
-        os.close(fd)
+    with _regular_file(path) as file:
+        try:
+            with wave.open(file, "rb") as wav:
+                return wav.getframerate()
+        except (wave.Error, EOFError) as error:
+            raise ValueError(f"{AUDIO_FILE} is not a WAV file: {error or 'it ends inside its header'}") from None
 
 
 def _read(path: Path) -> bytes:
+    with _regular_file(path) as file:
+        return file.read()
+
+
+@contextlib.contextmanager
+def _regular_file(path: Path) -> Iterator[BinaryIO]:
+    """`path` open for reading, never through a link; OSError when it is not a regular file."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path} is not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as file:
-            return file.read()
+            yield file
     finally:
         os.close(fd)
