@@ -443,6 +443,21 @@ def run_planted(work: Path, sources: set[str] | None = None) -> int:
     tree = copy_tree(work)
     env = test_env(tree)
     bugs = [bug for bug in load_planted() if sources is None or bug.source in sources]
+    # pytest's temporary directories straight under the run's own (not under the suite's svt-* one inside it): a
+    # daemon's socket paths under the nested one ran past MAX_UNIX_PATH, and every test starting a daemon failed.
+    basetemp = ["--basetemp", str(Path(os.environ.get("TMPDIR") or tempfile.gettempdir()) / "t")]
+    # Each list of tests must pass unplanted first: one failing anyway (a socket path too long under the run's
+    # temporary directory, say) would count every bug planted for it as killed, by no test of the bug.
+    for tests in dict.fromkeys(bug.tests for bug in bugs):
+        command = [*shlex.split(test_command(tree, Target("", tests))), *basetemp]
+        baseline = subprocess.run(
+            command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
+        )
+        if baseline.returncode != 0:
+            raise SystemExit(
+                f"the unit tests {', '.join(tests)} fail with no bug planted, so no planted bug can be judged by "
+                f"them; fix them first:\n{baseline.stdout}"
+            )
     survived = 0
     print("\nhand-planted bugs:")
     for bug in bugs:
@@ -456,7 +471,7 @@ def run_planted(work: Path, sources: set[str] | None = None) -> int:
         line = original[: original.index(bug.edits[0][0])].count("\n") + 1
         path.write_text(mutated)
         try:
-            command = shlex.split(test_command(tree, Target(bug.source, bug.tests)))
+            command = [*shlex.split(test_command(tree, Target(bug.source, bug.tests))), *basetemp]
             result = subprocess.run(
                 command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
             )

@@ -257,3 +257,20 @@ def test_a_second_run_on_the_same_workdir_is_refused_while_the_first_holds_it(ru
     finally:
         first.close()
     runner.hold_workdir(tmp_path).close()  # free again once the first has ended
+
+
+def test_a_planted_bug_whose_tests_fail_unplanted_is_not_counted_killed(runner, tmp_path, monkeypatch):
+    """Before: the daemon's tests failed in the planted run's temporary directory whatever was planted (a socket
+    path too long), and every bug planted for them was reported killed, by the first test of the file."""
+    tree = tmp_path / "tree"
+    (tree / "tests" / "unit").mkdir(parents=True)
+    (tree / "module.py").write_text("LIMIT = 1\n")
+    (tree / "tests" / "unit" / "test_fails_anyway.py").write_text("def test_fails():\n    assert False\n")
+    bug = runner.Planted(
+        "module: the limit off by one", "module.py", (("LIMIT = 1", "LIMIT = 2"),), ("test_fails_anyway.py",)
+    )
+    monkeypatch.setattr(runner, "copy_tree", lambda work: tree)
+    monkeypatch.setattr(runner, "load_planted", lambda: (bug,))
+    with pytest.raises(SystemExit) as refused:
+        runner.run_planted(tmp_path / "work")
+    assert "fail with no bug planted" in str(refused.value) and "test_fails_anyway.py" in str(refused.value)
