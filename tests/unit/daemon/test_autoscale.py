@@ -319,3 +319,39 @@ def test_the_reason_for_one_replica_under_the_minimum_counts_it_in_the_singular(
     """It read `1 replicas is below min_replicas`."""
     rule = Autoscale(**{**RULE.to_json(), "min_replicas": 2})
     assert Policy(rule).decide(0.0, signals(replicas=1)).reason == "1 replica is below min_replicas"
+
+
+def test_requests_per_replica_between_the_thresholds_keep_the_count():
+    """3 requests per replica: under max_in_flight_per_replica (4), over scale_down_ratio x 4 (2): neither way."""
+    policy = Policy(RULE)
+    assert policy.decide(0.0, signals(replicas=2, in_flight=6)) is None
+    assert policy.decide(100.0, signals(replicas=2, in_flight=6)) is None
+
+
+def test_a_scale_that_failed_waits_a_cooldown_before_it_is_tried_again():
+    now = [0.0]
+    daemon = FakeDaemon([(0, 5, 2.0, 0.0), (0, 5, 2.0, 0.0)], refuse=RuntimeError("factory raised"))
+    scaler = Autoscaler({"vocoder": RULE}, daemon, clock=lambda: now[0])
+    asyncio.run(scaler.tick())
+    now[0] = 1.0
+    asyncio.run(scaler.tick())  # within the scale-up cooldown: not tried again
+    assert len(daemon.reports) == 1 and "factory raised" in daemon.reports[0][4]
+
+
+def test_autoscaling_restarted_after_an_apply_runs_one_autoscaler_not_two():
+    from types import SimpleNamespace
+
+    from stagevisor.supervisor.daemon.autoscale import DaemonAutoscaling
+
+    plan = SimpleNamespace(groups=[SimpleNamespace(name="vocoder", autoscale=RULE)])
+
+    async def scenario():
+        autoscaling = DaemonAutoscaling(SimpleNamespace(plan=plan))
+        autoscaling.start()
+        autoscaling.restart()
+        await asyncio.sleep(0)
+        running = [t for t in asyncio.all_tasks() if t.get_name() == "autoscaler" and not t.done()]
+        await autoscaling.stop()
+        return len(running)
+
+    assert asyncio.run(scenario()) == 1

@@ -770,3 +770,97 @@ def test_an_apply_whose_client_goes_away_after_the_switch_goes_on_and_holds_off_
 
     beside, old_signalled, groups = asyncio.run(scenario())
     assert beside == 3 and old_signalled == [] and groups == ["a"]
+
+
+def recording_gateways() -> tuple[type, list]:
+    """A gateway class that records, per instance, whom it was retired to when it stopped; and the instances."""
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
+
+    made: list = []
+
+    class RecordingGateway(SwitchingGateway):
+        def __init__(self, *args, admission=None) -> None:
+            super().__init__(*args, admission=admission)
+            self.successor = None
+            self.retired_when_stopped = None
+            made.append(self)
+
+        def retire(self, successor: object) -> None:
+            self.successor = successor
+
+        async def stop(self, grace: float) -> None:
+            self.retired_when_stopped = self.successor
+
+    return RecordingGateway, made
+
+
+def test_a_refused_switch_retires_its_new_gateway_before_stopping_it_so_the_shared_queue_is_left_alone(tmp_path):
+    gateway, made = recording_gateways()
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "fail"])
+        daemon = await started_daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, launcher, gateway
+        )
+        try:
+            with pytest.raises(DaemonError):
+                await daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline"))
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    asyncio.run(scenario())
+    assert len(made) == 2 and made[1].retired_when_stopped is made[0]
+
+
+def test_an_apply_starts_its_workers_in_a_directory_of_their_own_and_keeps_the_run_directory(tmp_path):
+    """The first topology lives in the run directory itself: retiring it removes its sockets, never the directory
+    (the new topology's g1 is inside it)."""
+
+    async def scenario():
+        daemon = await started_daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"), tmp_path, FakeLauncher([])
+        )
+        try:
+            await asyncio.wait_for(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")), 30)
+            addresses = [spec.address for spec in daemon.specs.values()]
+            kept = (tmp_path / "d1").is_dir() and (tmp_path / "d1" / "g1").is_dir()
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return addresses, kept
+
+    addresses, kept = asyncio.run(scenario())
+    assert kept
+    assert addresses and all(a.startswith(f"unix:{tmp_path / 'd1' / 'g1'}/") for a in addresses)
+
+
+def test_the_old_topology_drains_for_as_long_as_a_request_may_run_not_only_the_drain_timeout(tmp_path, caplog):
+    import logging
+
+    from stagevisor.supervisor.dataplane.limits import RequestLimits
+
+    gateway, made = draining_gateways()
+
+    async def scenario():
+        daemon = await started_daemon(
+            cpu_plan("pipeline", "pipeline", "pipeline", "pipeline"),
+            tmp_path,
+            FakeLauncher([]),
+            gateway,
+            drain_timeout=0.0,
+            request_limits=RequestLimits(request_timeout=10.0),
+        )
+
+        async def request_ends() -> None:
+            await asyncio.sleep(0.3)
+            made[0].holding = False
+
+        ending = asyncio.ensure_future(request_ends())
+        try:
+            await asyncio.wait_for(daemon.apply_plan(cpu_plan("front", "front", "pipeline", "pipeline")), 30)
+        finally:
+            await ending
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    with caplog.at_level(logging.WARNING, logger="stagevisor.daemon"):
+        asyncio.run(scenario())
+    assert not [m for m in caplog.messages if "still on the old topology" in m]

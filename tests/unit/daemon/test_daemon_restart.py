@@ -449,3 +449,113 @@ def test_a_restart_that_a_scale_of_its_group_follows_reports_the_restarted_worke
     reply, states = asyncio.run(scenario())
     assert states == {"front": "READY", "pipeline/0": "READY", "pipeline/1": "STARTING"}
     assert (reply.old_pid, reply.new_pid, reply.state) == (101, 102, "READY")
+
+
+def test_a_second_restart_without_force_shares_a_draining_restart_without_cutting_its_drain(tmp_path):
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
+
+    class HoldingGateway(SwitchingGateway):
+        holding = True
+
+        def request_ids(self) -> frozenset[str]:
+            return frozenset({"request-1"}) if HoldingGateway.holding else frozenset()
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = await started_daemon(
+            cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher, HoldingGateway
+        )
+        try:
+            first = asyncio.create_task(daemon.restart_group("pipeline"))
+            await settle(lambda: daemon.status().groups[1].pid == 102)
+            second = asyncio.create_task(daemon.restart_group("pipeline"))
+            await asyncio.sleep(0.2)  # ten of the drain's polls
+            meanwhile = first.done(), second.done(), list(launcher.workers[1].signals)
+            HoldingGateway.holding = False  # the request ends: the drain is over
+            results = await asyncio.wait_for(asyncio.gather(first, second), 5)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return meanwhile, results
+
+    meanwhile, results = asyncio.run(scenario())
+    assert meanwhile == (False, False, [])  # still draining: not cut short
+    assert results == [(101, 102), (101, 102)]
+
+
+def test_a_restart_after_one_that_ended_restarts_the_worker_again(tmp_path):
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = await started_daemon(cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher)
+        try:
+            first = await asyncio.wait_for(daemon.restart_group("pipeline"), 10)
+            second = await asyncio.wait_for(daemon.restart_group("pipeline"), 10)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return first, second
+
+    assert asyncio.run(scenario()) == ((101, 102), (102, 103))
+
+
+def test_a_force_restart_of_a_ready_worker_stops_it_before_its_new_worker_starts(tmp_path):
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "held"])
+        daemon = await started_daemon(cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher)
+        try:
+            forced = asyncio.create_task(daemon.restart_group("pipeline", force=True))
+            await settle(lambda: len(launcher.workers) == 3)
+            meanwhile = list(launcher.workers[1].signals)
+            launcher.workers[2].answer()
+            result = await asyncio.wait_for(forced, 10)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return meanwhile, result
+
+    assert asyncio.run(scenario()) == (["TERM"], (101, 102))
+
+
+def test_a_restart_while_the_daemon_starts_is_refused(tmp_path):
+    import pytest
+
+    from stagevisor.supervisor.daemon.core import Daemon
+    from stagevisor.supervisor.daemon.options import DaemonOptions
+    from stagevisor.supervisor.errors import DaemonError
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "held"])
+        daemon = Daemon(
+            cpu_plan("front", "front", "pipeline", "pipeline"),
+            DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=1.0),
+            launcher=launcher.factory,
+            gateway_factory=SwitchingGateway,
+        )
+        starting = asyncio.create_task(daemon.start())
+        try:
+            await settle(lambda: len(launcher.workers) == 2)
+            with pytest.raises(DaemonError) as refused:
+                await asyncio.wait_for(daemon.restart_group("front"), 5)
+            launcher.workers[1].answer()
+            await asyncio.wait_for(starting, 10)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return str(refused.value)
+
+    assert "while the daemon is STARTING" in asyncio.run(scenario())
+
+
+def test_a_restart_without_a_pause_removes_the_old_worker_s_socket_once_it_stopped(tmp_path):
+    from pathlib import Path
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = await started_daemon(cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher)
+        try:
+            old = Path(daemon.specs["pipeline"].address.removeprefix("unix:"))
+            old.touch()  # the fake worker makes no socket: one where the old worker listened
+            await asyncio.wait_for(daemon.restart_group("pipeline"), 10)
+            new = Path(daemon.specs["pipeline"].address.removeprefix("unix:"))
+            return new != old, old.exists()
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+
+    assert asyncio.run(scenario()) == (True, False)

@@ -362,3 +362,59 @@ def test_a_voice_folder_whose_permissions_were_changed_says_so_and_is_not_remove
     finally:
         os.chmod(tmp_path / "locked", 0o700)
     assert store.get("locked").transcript == "said"
+
+
+def test_a_full_quota_is_no_space_as_a_full_disk_is(tmp_path, monkeypatch):
+    """A quota exceeded (EDQUOT) is as much out of room as a full disk (ENOSPC): the client is told the same."""
+    store = DirectoryVoiceStore(tmp_path)
+
+    def fail(path, data):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded", str(path))
+
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store._write", fail)
+    with pytest.raises(VoiceStoreUnavailable) as failed:
+        store.add("a", AUDIO, "", 1.0)
+    assert failed.value.no_space and "Disk quota exceeded" in failed.value.reason
+
+
+def test_a_voice_file_replaced_by_a_link_is_never_read_through(tmp_path):
+    root, outside = tmp_path / "voices", tmp_path / "elsewhere.wav"
+    store = DirectoryVoiceStore(root)
+    store.add("narrator", AUDIO, "hello", 0.5)
+    outside.write_bytes(wav(1.0))
+    (root / "narrator" / "audio.wav").unlink()
+    (root / "narrator" / "audio.wav").symlink_to(outside)
+    found = store.find("narrator")
+    assert isinstance(found, UnreadableVoice) and found.removable
+    assert store.get("narrator") is None
+
+
+def test_a_voice_folder_the_daemon_may_read_but_not_write_is_not_listed_as_usable(tmp_path):
+    """Mode 500: readable, but the daemon could not remove it; listed as the folder of mode 000 is."""
+    store = DirectoryVoiceStore(tmp_path)
+    store.add("readonly", AUDIO, "said", 0.5)
+    os.chmod(tmp_path / "readonly", 0o500)
+    try:
+        assert store.list() == [UnreadableVoice("readonly", removable=False, denied=True)]
+        assert store.get("readonly") is None
+    finally:
+        os.chmod(tmp_path / "readonly", 0o700)
+
+
+def test_a_trash_folder_a_daemon_that_died_left_an_hour_ago_is_swept_as_a_staging_one_is(tmp_path):
+    root = tmp_path / "voices"
+    store = DirectoryVoiceStore(root)
+    store.add("first", b"RIFF", "", 1.0)
+    trash = root / ".delete-0123456789abcdef"
+    trash.mkdir(mode=0o700)
+    (trash / "audio.wav").write_bytes(b"RIFF")
+    stale = os.stat(trash).st_mtime - 2 * voice_store.LEFTOVER_SECONDS
+    os.utime(trash, (stale, stale))
+    assert store.sweep_leftovers() == [trash.name]
+    assert not trash.exists() and [v.name for v in store.list()] == ["first"]
+
+
+def test_a_parent_folder_this_user_may_write_but_not_enter_is_unusable(tmp_path, monkeypatch):
+    """Creating the voices directory needs both write and search (x) permission on the folder above it."""
+    monkeypatch.setattr("stagevisor.supervisor.http.voice_store.os.access", lambda path, mode: not mode & os.X_OK)
+    assert "not writable" in unusable_reason(tmp_path / "voices")
