@@ -261,6 +261,10 @@ TARGETS: dict[str, Target] = {
         ),
     ),
     "replica_sets": Target("supervisor/daemon/replicas.py", ("daemon/test_replica_sets.py",)),
+    "voice_store": Target(
+        "supervisor/http/voice_store.py",
+        ("http/test_voice_store.py", "http/test_voice_names_and_store.py", "http/test_http_upload.py"),
+    ),
     "speech": Target(
         "supervisor/http/speech.py",
         ("http/test_http_speech.py", "http/test_http_speech_request.py", "http/test_http_openapi.py"),
@@ -277,6 +281,21 @@ TARGETS: dict[str, Target] = {
     "metrics_collector": Target(
         "supervisor/metrics/collector.py", ("metrics/test_metrics_collector.py", "metrics/test_metrics.py")
     ),
+    # The daemon's live topology changes: apply, operator restarts, autoscaling (replica_sets above scales).
+    "live_change": Target(
+        "supervisor/daemon/live_change.py",
+        ("daemon/test_daemon_apply.py", "admin/test_admin_apply.py", "daemon/test_daemon_shutdown.py"),
+    ),
+    "restarts": Target(
+        "supervisor/daemon/restarts.py",
+        (
+            "daemon/test_daemon_restart.py",
+            "daemon/test_restart_counts.py",
+            "daemon/test_daemon_apply.py",
+            "daemon/test_replica_sets.py",
+        ),
+    ),
+    "autoscale": Target("supervisor/daemon/autoscale.py", ("daemon/test_autoscale.py",)),
     # The default voice (hibari): its DSP in runs, its options and G2P, and its stages (needs the demo extra).
     "hibari_render": Target("stages/hibari/render.py", ("stages/test_hibari.py",)),
     "hibari_voice": Target("stages/hibari/voice.py", ("stages/test_hibari.py",)),
@@ -326,9 +345,11 @@ GROUPS = {
         "metrics_registry",
         "metrics_totals",
         "metrics_collector",
+        "voice_store",
     ),
+    "changes": ("live_change", "restarts", "autoscale", "replica_sets"),
 }
-"""Names for several modules at once: the pure core and the serving surface."""
+"""Names for several modules at once: the pure core, the serving surface and the live topology changes."""
 
 # Which mutants count: one realistic slip per operator, as PIT's defaults do (boundary and
 # negated conditionals, one math swap), not every operator cosmic-ray can put in its place.
