@@ -331,16 +331,23 @@ def test_a_replica_that_crashes_while_it_drains_fails_what_it_held_at_once():
     pipeline/1 (at once: the daemon sent it nothing itself), which drains its request and is SIGKILLed meanwhile.
     Its request waited for the pipeline's idle timeout (120 s): the daemon reported no loss for a worker it was
     stopping, and the request's sender, told the replica was retired, forgot it when its link broke. Now it fails
-    (UNAVAILABLE) once the daemon sees the worker die; the other replica's request completes."""
+    (UNAVAILABLE) once the daemon sees the worker die; the other replica's request completes.
+
+    The readers read slowly only until the kill: the failure reaches a client after the chunks made before it, and
+    read at one every 0.2 s, the 50 to 90 queued then took 10 to 18 s (more on a loaded machine), which timed the
+    reader, not the daemon."""
 
     text = " ".join([TEXT] * 60)
+    fast = threading.Event()
     with ServeProcess(
         "--model-path", "demo", "--isolate-stage", "preprocessing", "--isolate-stage", "vocoder",
         "--process-replicas", "pipeline=2", "--drain-timeout", "60",
     ) as daemon:  # fmt: skip
         daemon.wait_serving(timeout=300)
         outcomes: dict[int, tuple[str, float]] = {}
-        clients = [threading.Thread(target=slow_reader, args=(daemon.listen, text, 0.2, outcomes, i)) for i in range(2)]
+        clients = [
+            threading.Thread(target=slow_reader, args=(daemon.listen, text, 0.2, outcomes, i, fast)) for i in range(2)
+        ]
         for client in clients:
             client.start()
             time.sleep(0.5)  # the second request goes to the other replica (least in flight, then least recent)
@@ -362,6 +369,7 @@ def test_a_replica_that_crashes_while_it_drains_fails_what_it_held_at_once():
         except ProcessLookupError:
             pytest.fail("pipeline/1 stopped before the kill: this test would not see a crash in its drain")
         killed = time.monotonic()
+        fast.set()  # from here on the readers take what was queued ahead of the failure at once
         for client in clients:
             client.join(160)
         scale.join(60)
