@@ -1,4 +1,5 @@
-"""Default endpoints: where the daemon listens and where the CLI looks for it."""
+"""Default endpoints: where the daemon listens and where the CLI looks for it; the sockets it listens on with
+asyncio (`Listener`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import argparse
 import errno
 import ipaddress
 import os
+import socket
 from pathlib import Path
+from typing import Any
 
 from stagevisor.supervisor import envs
 from stagevisor.supervisor.numbers import whole_number
@@ -117,3 +120,35 @@ def dial_address(value: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(f"{value!r}: {problem}")
     return value
+
+
+OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+"""accept() errors for want of a descriptor or memory: asyncio stops listening for 1 s and tries again."""
+
+
+class Listener(socket.socket):
+    """A listening socket for asyncio: one failed accept() per wake while descriptors run out, not thousands.
+
+    asyncio's accept loop (CPython before the fix of its issue gh-151615) goes on calling accept() after one
+    failed for want of a descriptor, up to the server's backlog times per wake (uvicorn's: 2048), each failure
+    logged and scheduling a retry of its own in 1 s: while the daemon stays at its descriptor limit, the retries
+    grow into tens of thousands a second and take the event loop that serves every request. After such a
+    failure the next accept() says no connection waits (BlockingIOError), which ends that loop: one failure and
+    one retry.
+    """
+
+    __slots__ = ("_short",)
+
+    def __init__(self, family: int, kind: int) -> None:
+        super().__init__(family, kind)
+        self._short = False
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        if self._short:
+            self._short = False
+            raise BlockingIOError(errno.EAGAIN, "no connection accepted until descriptors are free again")
+        try:
+            return super().accept()
+        except OSError as error:
+            self._short = error.errno in OUT_OF_RESOURCES
+            raise

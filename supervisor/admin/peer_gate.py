@@ -20,6 +20,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from stagevisor.supervisor.addresses import Listener
+
 log = logging.getLogger("stagevisor.admin")
 
 MAX_UID = 2**32 - 2
@@ -64,7 +66,7 @@ def default_allowed_uids(extra: tuple[int, ...] = ()) -> frozenset[int]:
 def abstract_listener(address: str) -> socket.socket:
     """A listening socket for `unix-abstract:NAME` (abstract namespace); OSError when the name is taken."""
     assert address.startswith("unix-abstract:"), address
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = Listener(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind("\0" + address[len("unix-abstract:") :])
         sock.listen(128)
@@ -80,7 +82,7 @@ def bind_path_listener(path: Path, allowed_uids: frozenset[int]) -> socket.socke
     0600 when only the daemon's user and root may connect; 0666 when the
     operator let other uids in (the gate then decides, by credentials).
     """
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock = Listener(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(str(path))
         os.chmod(path, 0o600 if allowed_uids <= {os.getuid(), 0} else 0o666)

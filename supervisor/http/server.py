@@ -24,7 +24,7 @@ from stagevisor.supervisor.http.connections import MAX_HTTP_CONNECTIONS, fd_budg
 from stagevisor.supervisor.http.origins import CodedCORS, HostGuard, OriginGuard
 from stagevisor.supervisor.http.settings import HttpSettings
 from stagevisor.supervisor.http.targets import AbsoluteTarget
-from stagevisor.supervisor.addresses import host_port
+from stagevisor.supervisor.addresses import Listener, host_port
 from stagevisor.supervisor.security.server import Security
 
 if TYPE_CHECKING:  # the app (and its starlette routes) loads when the server starts
@@ -167,7 +167,7 @@ class HttpServer:
     async def start(self) -> None:
         """Bind (OSError when the address is in use or not available) and serve in a task."""
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = Listener(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.requested_port))

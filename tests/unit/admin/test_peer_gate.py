@@ -1,9 +1,12 @@
-"""The admin API's peer gate: stopping it with a spliced connection open ends that connection quietly."""
+"""The admin API's peer gate: stopping it with a spliced connection open ends that connection quietly; out of
+descriptors, it fails one accept per wake."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import socket
 import tempfile
 from pathlib import Path
 
@@ -43,3 +46,51 @@ def test_stopping_the_gate_with_a_connection_open_logs_no_error():
     with tempfile.TemporaryDirectory(dir="/tmp") as directory:
         errors = asyncio.run(stop_with_a_connection_open(Path(directory)))
     assert errors == []
+
+
+async def out_of_descriptors(directory: Path, monkeypatch) -> tuple[int, bytes]:
+    loop = asyncio.get_running_loop()
+    failures: list[str] = []
+    loop.set_exception_handler(lambda _, context: failures.append(context["message"]))
+
+    async def behind(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"admin")
+        await writer.drain()
+        writer.close()
+
+    target = directory / "behind.sock"
+    server = await asyncio.start_unix_server(behind, path=str(target))
+    uids = frozenset({os.getuid()})
+    listener = bind_path_listener(directory / "gate.sock", uids)
+    gate = PeerGate(listener, target, uids)
+    await gate.start()
+    real_accept = socket.socket.accept
+    short = True
+
+    def accept(sock: socket.socket) -> tuple[socket.socket, object]:
+        if short and sock is listener:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_accept(sock)
+
+    monkeypatch.setattr(socket.socket, "accept", accept)
+    try:
+        reader, writer = await asyncio.open_unix_connection(str(directory / "gate.sock"))
+        await asyncio.sleep(0.5)  # asyncio tries again 1 s after a failure: this is one wake
+        during = len(failures)
+        short = False
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+    finally:
+        await asyncio.wait_for(gate.stop(), 10)
+        server.close()
+        await server.wait_closed()
+    return during, answer
+
+
+def test_out_of_descriptors_the_gate_fails_one_accept_per_wake_and_admits_once_they_are_back(monkeypatch):
+    # asyncio's accept loop went on to the listen backlog (100 calls) after an EMFILE, each an ERROR log and a
+    # retry of its own (addresses.Listener).
+    with tempfile.TemporaryDirectory(dir="/tmp") as directory:
+        during, answer = asyncio.run(out_of_descriptors(Path(directory), monkeypatch))
+    assert during == 1, f"{during} accept failures in one wake"
+    assert answer == b"admin"
