@@ -1,4 +1,5 @@
-"""Whether a process is still running, for sweeping what dead daemons and workers left behind."""
+"""Whether a process is still running, for sweeping what dead daemons and workers left behind; whether it is
+stopped, for saying why a worker stopped answering."""
 
 from __future__ import annotations
 
@@ -21,3 +22,13 @@ def pid_alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def pid_stopped(pid: int) -> bool:
+    """True while `pid` is stopped (SIGSTOP, SIGTSTP, a debugger): state T or t in /proc/PID/stat. False when it
+    runs, sleeps, is gone, or /proc does not tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False

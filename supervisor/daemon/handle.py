@@ -13,6 +13,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
+from stagevisor.supervisor.dataplane.client_failures import PROCESS_STOPPED
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 
@@ -86,13 +87,16 @@ def describe_silence(pid: int, group: str, seconds: float, host: str = "") -> st
     return f"worker pid {pid} of group {group!r}{where} sent no heartbeat for {seconds:.3g}s"
 
 
-def describe_unresponsive(pid: int, group: str, seconds: float, host: str = "") -> str:
-    """Why a worker is taken for wedged, in words (the runner kills it)."""
+def describe_unresponsive(pid: int, group: str, seconds: float, host: str = "", *, stopped: bool = False) -> str:
+    """Why a worker is taken for wedged, in words (the runner kills it); `stopped`: the kernel says its process is
+    stopped (a worker of this host), so its event loop is not to blame."""
     where = f" on host {host}" if host else ""
-    return (
-        f"worker pid {pid} of group {group!r}{where} did not answer its heartbeat for {seconds:.3g}s: its event "
-        "loop is blocked (a synchronous call in a stage's process()) or the process is stopped"
+    why = (
+        PROCESS_STOPPED
+        if stopped
+        else "its event loop is blocked (a synchronous call in a stage's process()) or the process is stopped"
     )
+    return f"worker pid {pid} of group {group!r}{where} did not answer its heartbeat for {seconds:.3g}s: {why}"
 
 
 class WorkerHandle(Protocol):

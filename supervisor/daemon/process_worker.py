@@ -23,6 +23,7 @@ from stagevisor.supervisor.daemon.handle import (
     silence_limit,
 )
 from stagevisor.supervisor.errors import WorkerStartError
+from stagevisor.supervisor.pids import pid_stopped
 from stagevisor.supervisor.worker.handshake import Activation, WorkerFailed, WorkerReady
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
@@ -281,7 +282,7 @@ class ProcessWorker:
         if self.heartbeat_timeout <= 0:
             await asyncio.Future()  # heartbeats are off: wait until cancelled
         await self._beats().silent_for(self.heartbeat_timeout)
-        return describe_unresponsive(self.pid, self.group, self.heartbeat_timeout)
+        return describe_unresponsive(self.pid, self.group, self.heartbeat_timeout, stopped=pid_stopped(self.pid))
 
     async def silent(self) -> str:
         limit = silence_limit(self.heartbeat_timeout)

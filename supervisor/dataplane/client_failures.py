@@ -70,14 +70,17 @@ def _stages_are(stages: Sequence[str]) -> str:
     return f"stage {', '.join(map(repr, stages)) or '(unknown)'} is"
 
 
+PROCESS_STOPPED = "the process is stopped (SIGSTOP, SIGTSTP or a debugger)"
+"""Why a worker that missed its heartbeat did, when the kernel says it is stopped: in the runner's reason."""
+
+
 def group_down(stages: Sequence[str], group: str, reason: str) -> str:
     """UNAVAILABLE for requests through `stages` when their worker (process group `group`) ended for `reason`."""
     # `reason` (pid, exit status) is for the operator; the runner has logged it.
-    went = (
-        "stopped answering its heartbeat (its event loop was blocked) and was killed"
-        if "heartbeat" in reason
-        else "went down"
-    )
+    went = "went down"
+    if "heartbeat" in reason:
+        cause = "its process was stopped" if PROCESS_STOPPED in reason else "its event loop was blocked"
+        went = f"stopped answering its heartbeat ({cause}) and was killed"
     return f"{_stages_are(stages)} unavailable: its worker (group {group!r}) {went}; retry"
 
 

@@ -136,6 +136,11 @@ def test_a_sigstopped_worker_under_load_is_replaced_and_no_request_hangs():
         poll_until(lambda: not alive(stopped), timeout=30, message="stopped worker gone")
         back_again(daemon, stopped)
         assert call(daemon.listen, "after the restart") == grpc.StatusCode.OK
+        # the reason says the process was stopped (its clients were told its event loop was blocked)
+        assert (
+            f"worker pid {stopped} of group 'back' did not answer its heartbeat for 2s: the process is stopped (SIG"
+            in (daemon.log())
+        )
 
 
 def test_a_stopped_replica_takes_no_new_requests_once_silent_and_rejoins_when_it_answers():

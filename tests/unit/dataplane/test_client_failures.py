@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stagevisor.supervisor.daemon.handle import describe_unresponsive
 from stagevisor.supervisor.dataplane.client_failures import group_down, replica_down, worker_stopped, worker_unreachable
 
 
@@ -22,3 +23,12 @@ def test_a_group_of_several_stages_says_they_are_unavailable():
 
 def test_no_known_stage_is_named_as_unknown():
     assert worker_stopped([]).startswith("stage (unknown) is unavailable")
+
+
+def test_a_worker_killed_for_its_heartbeat_blames_its_loop_or_says_its_process_was_stopped():
+    # A SIGSTOPped worker's clients were told "its event loop was blocked": the daemon now reads the process's
+    # state before it kills it.
+    blocked = group_down(["vocoder"], "vocoder", describe_unresponsive(42, "vocoder", 10.0))
+    stopped = group_down(["vocoder"], "vocoder", describe_unresponsive(42, "vocoder", 10.0, stopped=True))
+    assert "stopped answering its heartbeat (its event loop was blocked) and was killed" in blocked
+    assert "stopped answering its heartbeat (its process was stopped) and was killed" in stopped
