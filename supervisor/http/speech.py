@@ -31,6 +31,7 @@ from stagevisor.supervisor.http.audio import MEDIA_TYPES, Encoder, Resampler, ma
 from stagevisor.supervisor.http.errors import STATUS_FOR, ApiError
 from stagevisor.supervisor.http.request import SpeechRequest, to_payload
 from stagevisor.supervisor.metrics.registry import RequestMeter
+from stagevisor.stages.base import NOTHING_SPEAKABLE
 
 log = logging.getLogger("stagevisor.http")
 
@@ -218,6 +219,8 @@ async def open_speech(
             api_error = ApiError.from_failure(error)
             # An executor that rejects an option names it: point `param` at that field.
             api_error.param = next((key for key in speech.options if repr(key) in error.message), None)
+            if error.code == NOTHING_SPEAKABLE:  # punctuation alone, or a script the voice has no sounds for
+                api_error.param = "input"
             raise api_error from None
         except BaseException:
             handle.close()

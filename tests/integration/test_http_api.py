@@ -438,6 +438,9 @@ BAD_REQUESTS = [
     ("empty input", JSON, speech_json(input="   "), 400, "input"),
     ("input too long", JSON, speech_json(input="word " * 1001), 400, "input"),
     ("control character", JSON, speech_json(input="bell \x07 here"), 400, "input"),
+    ("punctuation alone", JSON, speech_json(input="?!... ;"), 400, "input"),
+    ("emoji alone", JSON, speech_json(input="\U0001f600\U0001f389"), 400, "input"),
+    ("a script the voice has no sounds for", JSON, speech_json(input="\u4f60\u597d\u3002"), 400, "input"),
     ("unknown model", JSON, speech_json(model="gpt-5"), 404, "model"),
     ("unknown voice", JSON, speech_json(voice="nobody"), 400, "voice"),
     ("sample rate out of range", JSON, speech_json(sample_rate=96000), 400, "sample_rate"),
@@ -467,6 +470,17 @@ def test_bad_input_gets_a_4xx_in_the_openai_envelope(demo, what, headers, body, 
     assert set(error) == {"message", "type", "param", "code"}
     assert error["message"] and "Traceback" not in error["message"]
     assert error["param"] == param
+
+
+def test_text_with_nothing_to_speak_names_input_and_says_what_to_send(demo):
+    """A stage's NOTHING_SPEAKABLE is about `input`: the envelope points `param` at it, and the message says what
+    text would do (it said only that the text phonemizes to no sounds)."""
+    status, _, body = post(demo.url, speech_json(input="\u4f60\u597d\u3002"), JSON)
+    error = json.loads(body)["error"]
+    assert (status, error["code"], error["param"]) == (400, "NOTHING_SPEAKABLE", "input"), error
+    assert (
+        "a script the voice has no sounds for" in error["message"] and "give words the voice reads" in error["message"]
+    )
 
 
 def test_unknown_route_and_method_get_the_envelope(demo):
