@@ -92,9 +92,15 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                 {
                     "anyOf": [
                         {"type": "string"},
-                        {"type": "object", "required": ["id"], "properties": {"id": {"type": "string"}}},
+                        {
+                            "type": "object",
+                            "required": ["id"],
+                            "properties": {"id": {"type": "string"}},
+                            "additionalProperties": False,
+                        },
                     ],
-                    "description": "a voice id or alias (GET /v1/audio/voices)",
+                    "description": "a voice id or alias (GET /v1/audio/voices), or OpenAI's custom-voice form "
+                    '{"id": ...}, with no other key',
                 }
             ),
             "instructions": optional({"type": "string"}),

@@ -12,9 +12,13 @@ from starlette.responses import PlainTextResponse
 from starlette.testclient import TestClient
 
 from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS
+from stagevisor.supervisor.config import SpeechConfig
 from stagevisor.supervisor.http.app import create_app
+from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.names import voice_map
 from stagevisor.supervisor.http.openapi import document
 from stagevisor.supervisor.http.operations import METRICS_OPERATION, OPERATIONS
+from stagevisor.supervisor.http.request import Served, parse_speech_request
 from tests.fakes import FakeSpeechDaemon
 
 
@@ -284,3 +288,26 @@ def test_v1_models_shows_an_integer_options_bounds_as_json_integers():
     assert bounds == {"top_k": (0, 100_000), "steps": (1, 2**32 - 1), "big": (0, 2**63 - 1)}
     assert all(type(bound) is int for pair in bounds.values() for bound in pair)
     assert '"maximum":4294967295,' in body.replace(" ", "") and "4294967295.0" not in body
+
+
+@pytest.mark.parametrize(
+    "voice",
+    ["heart", "", None, {"id": "heart"}, {"id": "heart", "name": "Heart"}, {"id": None}, {}, ["heart"], 7],
+    ids=repr,
+)
+def test_the_speech_schema_admits_a_voice_exactly_where_a_request_takes_it(voice):
+    """A client generated from the document, or a fuzzer, must not be told a voice is valid that the request then
+    refuses: `{"id": "heart", "name": ...}` was admitted by the schema (an object with more keys) and refused as
+    `invalid_type`."""
+    doc = document(OPERATIONS, version="1.0")
+    schema = {**doc["components"]["schemas"]["SpeechRequest"], "components": doc["components"]}
+    body = {"model": "fake", "input": "Hello.", "voice": voice}
+    voices = [{"id": "heart"}]
+    served = Served(models=("fake",), voices=voices, voice_map=voice_map(voices, {}), speech=SpeechConfig())
+    try:
+        parse_speech_request(body, served)
+        taken = True
+    except ApiError as error:
+        assert error.param == "voice", error.message
+        taken = False
+    assert jsonschema.Draft202012Validator(schema).is_valid(body) == taken
