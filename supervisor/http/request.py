@@ -206,12 +206,7 @@ def _voice_and_reference(data: Mapping[str, Any], served: Served, request: Speec
     """Set the request's voice, or its reference from an uploaded voice or `ref_audio`."""
     value = requested_voice(data)
     if not isinstance(value, str):
-        raise ApiError(
-            400,
-            f"'voice' must be a string or {{\"id\": string}}, got {json_type(value)}",
-            param="voice",
-            code="invalid_type",
-        )
+        raise ApiError(400, _voice_type_problem(data.get("voice")), param="voice", code="invalid_type")
     name = value.strip()
     model_voice = _model_voice(name, served)
     uploaded = served.uploaded(name) if model_voice is None else None
@@ -253,6 +248,17 @@ def _voice_and_reference(data: Mapping[str, Any], served: Served, request: Speec
     else:
         request.voice = name  # the model declares no voices: its stages judge the name
     _reference(data, served, request, from_upload=uploaded is not None)
+
+
+def _voice_type_problem(given: Any) -> str:
+    """Why `voice` is neither a string nor OpenAI's `{"id": string}`: an object is told what is wrong in it."""
+    if not isinstance(given, dict):
+        return f"'voice' must be a string or {{\"id\": string}}, got {json_type(given)}"
+    if set(given) != {"id"}:
+        keys = ", ".join(shown(key) for key in given)
+        found = f"it has the keys {keys}" if keys else "it is empty"
+        return f"'voice' as an object is OpenAI's {{\"id\": string}} and has no other key; {found}"
+    return f"'voice' as an object is OpenAI's {{\"id\": string}}; its 'id' is {json_type(given['id'])}"
 
 
 def _model_voice(name: str, served: Served) -> str | None:

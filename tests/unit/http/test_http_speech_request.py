@@ -211,6 +211,25 @@ def test_bad_fields_are_named(speech, fields, status, param, code):
 
 
 @pytest.mark.parametrize(
+    "voice, message",
+    [
+        ({"id": None}, """'voice' as an object is OpenAI's {"id": string}; its 'id' is null"""),
+        ({"id": 3}, """'voice' as an object is OpenAI's {"id": string}; its 'id' is a number"""),
+        ({"id": "joe", "name": "Joe"}, "has no other key; it has the keys 'id', 'name'"),
+        ({}, """'voice' as an object is OpenAI's {"id": string} and has no other key; it is empty"""),
+        (["joe"], """'voice' must be a string or {"id": string}, got an array"""),
+    ],
+)
+def test_a_voice_of_a_wrong_type_is_told_what_is_wrong_in_it(voice, message):
+    """An object sent as the voice was told it must be a string or {"id": string}, 'got an object' (or 'got null'
+    for {"id": null}), which reads as if it had sent no object, or no voice."""
+    with pytest.raises(ApiError) as caught:
+        parse(voice=voice)
+    assert (caught.value.param, caught.value.code) == ("voice", "invalid_type")
+    assert message in caught.value.message
+
+
+@pytest.mark.parametrize(
     "instructions, message",
     [
         ("x" * 5001, "'instructions' has 5001 characters; the limit is 5000"),
