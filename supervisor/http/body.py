@@ -9,6 +9,7 @@ from typing import Any
 from starlette.requests import Request
 
 from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.fields import json_type
 from stagevisor.supervisor.errors import shown
 from stagevisor.supervisor.numbers import whole_number
 
@@ -21,9 +22,8 @@ async def read_json_body(request: Request, limit: int = MAX_BODY_BYTES) -> dict[
     JSON object)."""
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type != "application/json":
-        raise ApiError(
-            415, f"Content-Type must be application/json, got {media_type or 'none'!r}", code="unsupported_media_type"
-        )
+        given = f"got {media_type!r}" if media_type else "the request has none"
+        raise ApiError(415, f"Content-Type must be application/json, {given}", code="unsupported_media_type")
     encoding = request.headers.get("content-encoding", "").strip().lower()
     if encoding not in ("", "identity"):  # a compressed body would read as JSON that does not decode
         raise ApiError(
@@ -59,7 +59,7 @@ def parse_json_object(body: bytes | str, what: str = "the body") -> dict[str, An
     except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ApiError(400, f"{what} is not valid JSON: {error}", code="invalid_json") from None
     if not isinstance(data, dict):
-        raise ApiError(400, f"{what} must be a JSON object, got {type(data).__name__}", code="invalid_json")
+        raise ApiError(400, f"{what} must be a JSON object, got {json_type(data)}", code="invalid_json")
     return data
 
 

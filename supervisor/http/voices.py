@@ -305,9 +305,10 @@ async def read_upload(request: Request, taken: TakenNames) -> tuple[str, bytes, 
     """
     media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media_type != "multipart/form-data":
+        given = f"got {media_type!r}" if media_type else "the request has none"
         raise ApiError(
             415,
-            f"Content-Type must be multipart/form-data (fields name, audio, transcript), got {media_type or 'none'!r}",
+            f"Content-Type must be multipart/form-data (fields name, audio, transcript), {given}",
             code="unsupported_media_type",
         )
     declared = request.headers.get("content-length")

@@ -50,3 +50,33 @@ def test_valid_json_the_parser_cannot_take_is_refused_saying_what_to_change(body
         parse_json_object(body)
     assert (refused.value.status, refused.value.code) == (400, "invalid_json")
     assert refused.value.message == message
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"[1]", "the body must be a JSON object, got an array"),
+        (b'"Hello."', "the body must be a JSON object, got a string"),
+        (b"null", "the body must be a JSON object, got null"),
+    ],
+)
+def test_a_body_that_is_not_an_object_is_named_by_its_json_type(body, message):
+    """It was named by Python's type ("got list", "got str", "got NoneType"), which the client never sent."""
+    with pytest.raises(ApiError) as refused:
+        parse_json_object(body)
+    assert refused.value.message == message
+
+
+def test_a_body_with_no_content_type_is_told_it_has_none():
+    """It was told "got 'none'", as if it had sent the media type `none`."""
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    request = Request({"type": "http", "method": "POST", "path": "/", "headers": []}, receive)
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(read_json_body(request))
+    assert (refused.value.status, refused.value.message) == (
+        415,
+        "Content-Type must be application/json, the request has none",
+    )

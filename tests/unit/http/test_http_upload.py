@@ -46,6 +46,21 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body_is_read():
     assert (caught.value.status, caught.value.code) == (413, "audio_too_large")
 
 
+def test_an_upload_with_no_content_type_is_told_it_has_none():
+    """It was told "got 'none'", as if it had sent the media type `none`."""
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    request = Request({"type": "http", "method": "POST", "path": "/v1/audio/voices", "headers": []}, receive)
+    with pytest.raises(ApiError) as caught:
+        asyncio.run(read_upload(request, TakenNames()))
+    assert (caught.value.status, caught.value.message) == (
+        415,
+        "Content-Type must be multipart/form-data (fields name, audio, transcript), the request has none",
+    )
+
+
 def test_the_models_voice_names_are_taken_in_any_case_and_a_mapped_name_as_written():
     """As a speech request matches them: `HEART` asks for the model's `heart`, `ALLOY` for no voice at all."""
     taken = TakenNames({"heart": "heart", "af": "heart"}, {"alloy": "heart", "narrator": ""})
