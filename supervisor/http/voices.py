@@ -332,6 +332,16 @@ async def read_upload(request: Request, taken: TakenNames) -> tuple[str, bytes, 
         for key in dict.fromkeys(form.keys()):
             if len(form.getlist(key)) > 1:  # as a GET's query: which one was meant is not ours to guess
                 raise ApiError(400, f"form field {key!r} is given more than once", param=key, code="invalid_value")
+        kind = form.get("type")
+        if kind is not None and kind != "audio_sample":  # OpenAI's `prompt`: a voice described in words
+            given = repr(kind[:40]) if isinstance(kind, str) else "given as a file"
+            raise ApiError(
+                400,
+                f"voice type {given} is not supported: a voice is made from a recording (type 'audio_sample', "
+                "the default); send it as 'audio' (or OpenAI's 'audio_sample') with its transcript",
+                param="type",
+                code="unsupported",
+            )
         name = _field(form, "name")
         transcript = _field(form, "transcript", required=False)
         data = await _audio_part(form).read(MAX_REFERENCE_BYTES + 1)

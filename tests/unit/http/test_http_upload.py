@@ -121,6 +121,24 @@ def test_the_openai_sdks_upload_form_with_audio_sample_and_consent_stores_the_vo
     assert both.status_code == 400  # two files: which one was meant is not ours to guess
 
 
+@pytest.mark.parametrize("kind", ["prompt", "bogus"])
+def test_an_upload_of_a_type_other_than_audio_sample_is_refused_naming_type_and_stores_nothing(tmp_path, kind):
+    """OpenAI's SDK's `voices.create(name=..., prompt=..., type="prompt")` (a voice described in words) was told
+    "'audio' must be a file part", and with a file as well it was stored from the file, its prompt ignored."""
+    client = TestClient(create_app(FakeSpeechDaemon(), voice_store=DirectoryVoiceStore(tmp_path / "voices")))
+    tone = np.sin(np.arange(16000) * 2 * np.pi * 330 / 16000).astype(np.float32) * 0.5
+    sample = ("voice.wav", wav_bytes(tone, 16000), "audio/wav")
+    prompt = (None, "a warm, low voice")  # a text part: the form is multipart with no file too
+    for files in ({"prompt": prompt}, {"prompt": prompt, "audio_sample": sample}):
+        response = client.post("/v1/audio/voices", data={"name": "warm", "type": kind}, files=files)
+        error = response.json()["error"]
+        assert (response.status_code, error["code"], error["param"]) == (400, "unsupported", "type"), error
+        assert f"voice type {kind!r} is not supported" in error["message"]
+    assert not (tmp_path / "voices").exists()
+    response = client.post("/v1/audio/voices", data={"name": "warm", "type": "audio_sample"}, files={"audio": sample})
+    assert response.status_code == 201
+
+
 def test_an_uploaded_and_a_deleted_voice_answer_with_openais_object_and_name(tmp_path):
     """Before: the openai SDK's Voice read `name` and `object` as None (absent), and its VoiceDeleted an `object`
     of "voice"; they are OpenAI's now: the voice's name, `audio.voice`, `audio.voice.deleted`."""
