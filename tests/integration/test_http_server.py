@@ -20,6 +20,7 @@ from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.http.app import create_app
 from stagevisor.supervisor.http.server import HttpAddressError, HttpServer, parse_http_address
+from stagevisor.supervisor.http.settings import ConnectionLimits, HttpSettings
 from stagevisor.supervisor.reports import StatusReport, TopologyReport
 from tests.fakes import ScriptedHandle, audio_chunk, empty_topology, one_group_status
 from tests.integration.daemon_helpers import ROOT, DaemonProcess, colocated_pipeline, daemon_env, poll_until
@@ -329,11 +330,11 @@ def raw_exchange(port: int, *pieces: bytes, wait: float = 10.0) -> tuple[bytes, 
         return answer, True
 
 
-def served_raw(scenario) -> None:
-    """Run `scenario(port)` in a thread against the embedded server with a fake daemon behind it."""
+def served_raw(scenario, settings: HttpSettings | None = None) -> None:
+    """Run `scenario(port)` in a thread against the embedded server (with `settings`) and a fake daemon behind it."""
 
     async def serve() -> None:
-        server = HttpServer(create_app(FakeDaemon()), "127.0.0.1", 0)
+        server = HttpServer(create_app(FakeDaemon()), "127.0.0.1", 0, settings=settings)
         await server.start()
         try:
             await asyncio.to_thread(scenario, server.port)
@@ -430,23 +431,6 @@ def test_a_transfer_coding_the_server_does_not_read_is_501_and_the_connection_cl
     served_raw(scenario)
 
 
-def served_with_deadlines(scenario, seconds: float) -> None:
-    """`served_raw`, with request head and body deadlines of `seconds`."""
-    from stagevisor.supervisor.http.settings import ConnectionLimits, HttpSettings
-
-    limits = ConnectionLimits(header_timeout=seconds, body_timeout=seconds)
-
-    async def serve() -> None:
-        server = HttpServer(create_app(FakeDaemon()), "127.0.0.1", 0, settings=HttpSettings(limits=limits))
-        await server.start()
-        try:
-            await asyncio.to_thread(scenario, server.port)
-        finally:
-            await server.stop()
-
-    asyncio.run(serve())
-
-
 def test_a_request_cut_short_by_its_deadline_is_answered_408_before_the_connection_closes():
     """RFC 9110 section 15.5.9: a server that did not receive a complete request in the time it waits may answer
     408 and close. The head and body deadlines closed the connection without a word, so a client (or a proxy in
@@ -464,7 +448,7 @@ def test_a_request_cut_short_by_its_deadline_is_answered_408_before_the_connecti
             assert closed
         assert raw_exchange(port, b"", wait=10.0) == (b"", True)
 
-    served_with_deadlines(scenario, 0.5)
+    served_raw(scenario, HttpSettings(limits=ConnectionLimits(header_timeout=0.5, body_timeout=0.5)))
 
 
 def test_at_the_cap_of_busy_connections_health_probes_are_answered_and_other_requests_get_503():
