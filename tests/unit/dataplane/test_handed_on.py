@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.gateway import Gateway
@@ -13,6 +12,7 @@ from stagevisor.supervisor.dataplane.replicas import ReplicaRouter
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+from tests.unit.dataplane.client_reading import read_failure
 from tests.unit.dataplane.runtime_driver import handed_on_to_a_replica
 from tests.unit.dataplane.runtime_driver import SINK
 
@@ -76,16 +76,7 @@ def handed_on(gateway: Gateway, replica: str, *request_ids: str) -> None:
 def failure(handle: RequestHandle) -> RequestFailed | None:
     """How the request ended for its client (None: it has not ended): what reading the handle raises, as the public
     endpoints read it."""
-    if not handle.ended:
-        return None
-
-    async def read() -> RequestFailed:
-        with pytest.raises(RequestFailed) as raised:
-            async for _ in handle:
-                pass
-        return raised.value
-
-    return asyncio.run(read())
+    return read_failure(handle) if handle.ended else None
 
 
 def test_a_lost_replica_fails_the_requests_a_stopped_worker_handed_on_to_it_naming_the_stage(tmp_path):

@@ -1,17 +1,15 @@
 """A data-plane link broken by this process's own descriptor limit is reported as that, not as a dead worker."""
 
-import asyncio
 import errno
 
 import grpc
-import pytest
 
 from stagevisor.supervisor.dataplane.gateway import Gateway
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.dataplane.link.outbound import out_of_descriptors
-from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from tests.fakes import RecordedLink
+from tests.unit.dataplane.client_reading import read_failure
 
 EMFILE_DETAILS = (
     "failed to connect to all addresses; last error: INTERNAL: unix:/tmp/stagevisor-0/d1/g0.sock: "
@@ -35,15 +33,7 @@ def failure_after_break(tmp_path, error: BaseException) -> str:
     handle.links.add(link)
     gateway.requests["r1"] = handle
     gateway.on_link_broken(link, error)
-
-    async def read() -> str:
-        """What the client reading the request gets: the failure the broken link ended it with."""
-        with pytest.raises(RequestFailed) as raised:
-            async for _ in handle:
-                pass
-        return str(raised.value)
-
-    return asyncio.run(read())
+    return str(read_failure(handle))  # the failure the broken link ended the request with, as its client reads it
 
 
 def test_a_link_the_daemon_could_not_open_for_want_of_descriptors_names_the_limit_to_the_client(tmp_path):

@@ -18,6 +18,7 @@ from stagevisor.supervisor.dataplane.synthesis import ERROR_CODE_KEY, failure_me
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from tests.fakes import poll_until
+from tests.unit.dataplane.client_reading import read_failure
 from tests.unit.dataplane.runtime_driver import SINK as SINK_ADDRESS
 from tests.unit.dataplane.runtime_driver import make_runtime, planned, submit
 
@@ -106,14 +107,7 @@ def failed_at_gateway(tmp_path, failure: pb.Failure) -> RequestFailed:
     handle = RequestHandle(gateway, "r1", expected_done=1)
     gateway.requests["r1"] = handle
     gateway._handle_frame(wire(failure), link=None)  # type: ignore[arg-type]
-
-    async def read() -> RequestFailed:
-        with pytest.raises(RequestFailed) as caught:
-            async for _ in handle:
-                pass
-        return caught.value
-
-    return asyncio.run(read())
+    return read_failure(handle)
 
 
 def test_the_gateway_passes_the_stages_code_to_the_client_beside_status_and_message(tmp_path):
