@@ -8,7 +8,8 @@ implements: startup.py, replicas.py, restarts.py, live_change.py (apply),
 autoscale.py, views.py (the reports), events.py (the watchers),
 health.py (its state and root cause, from what its runners report) and
 shutdown.py (the shutdown's steps); specs.py says what each worker starts
-with, seams.py what the daemon runs on (its gateway, the factories).
+with, worker_factory.py makes each spec and runner with the daemon's options,
+seams.py says what the daemon runs on (its gateway, the factories).
 supervisor/service.py wires it to the admin and public servers, signals and
 systemd; `stagevisor serve` calls `service.run()`.
 """
@@ -34,7 +35,7 @@ from stagevisor.supervisor.daemon.events import EventFeed
 from stagevisor.supervisor.daemon.handle import DaemonLauncher
 from stagevisor.supervisor.daemon.health import DaemonHealth
 from stagevisor.supervisor.daemon.live_change import LiveChange, run_locked
-from stagevisor.supervisor.daemon.lifecycle import BackoffPolicy, DaemonState, GroupState, LifecycleEvent
+from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.daemon.seams import DaemonGateway, GatewayFactory, GatewayT, LauncherFactory
 from stagevisor.supervisor.config.voices import VoiceNamesChange
@@ -42,11 +43,12 @@ from stagevisor.supervisor.placement.diff import TopologyDiff
 from stagevisor.supervisor.placement.request import PlacementRequest
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.reports import RootCause, StatusReport, SummaryReport, TopologyReport
-from stagevisor.supervisor.daemon.replicas import ReplicaSets, replica_drain_timeout
+from stagevisor.supervisor.daemon.replicas import ReplicaSets
 from stagevisor.supervisor.daemon.runtime_files import make_private_dir
 from stagevisor.supervisor.daemon.shutdown import DrainDeadline, shut_down
 from stagevisor.supervisor.daemon.startup import StartupError, process_start, start_workers
-from stagevisor.supervisor.daemon.specs import gateway_addresses, local_launcher, worker_specs
+from stagevisor.supervisor.daemon.specs import gateway_addresses, local_launcher
+from stagevisor.supervisor.daemon.worker_factory import WorkerFactory
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 log = logging.getLogger("stagevisor.daemon")
@@ -70,9 +72,6 @@ class Daemon(Generic[GatewayT]):
         self.plan = plan
         self.gateway_factory = gateway_factory
         """Makes the data plane's gateway: the daemon's, and each apply's new topology's."""
-        self._alternate: set[str] = set()
-        """Groups whose single worker runs at its alternate address (worker_address): a restart without a pause
-        moved it there; the next one moves it back. An apply's new topology starts with none."""
         self.options = options or DaemonOptions()
         self.state = DaemonState.STARTING
         self.pid = os.getpid()
@@ -86,13 +85,15 @@ class Daemon(Generic[GatewayT]):
         self.run_dir = self.options.run_dir or runtime_dir() / f"d{self.pid}"
         self.changes: LiveChange[GatewayT] = LiveChange(self, self.run_dir)
         """Applies new plans live; its lock serializes them with scales and restarts beside a worker."""
+        self.worker_factory = WorkerFactory(self)
+        """Makes the WorkerSpecs and WorkerRunners of the daemon's workers, and keeps their alternate addresses."""
         # The gateway first: the specs carry its shared-memory directory (_worker_specs).
         routes, sink = gateway_addresses(plan, self.generation_dir)
         admission = Admission(self.options.admission)
         admission.starting = True  # until every worker is READY (start): refused as starting, with Retry-After
         self.gateway: GatewayT = gateway_factory(plan, routes, sink, admission=admission)
         self.gateway.limits = self.options.request_limits
-        self.specs, self.sink_address = self._worker_specs(plan)
+        self.specs, self.sink_address = self.worker_factory.specs(plan)
         if launcher is None and self.options.launcher != "local":
             raise DaemonError(f"launcher {self.options.launcher!r} is not built in; pass its factory as `launcher`")
         self._launcher: DaemonLauncher = (launcher or local_launcher)(plan, self.specs, self.gateway, self.options)
@@ -148,47 +149,9 @@ class Daemon(Generic[GatewayT]):
                 "`autoscale:` settings of the config's processes",
             )
 
-    def _worker_specs(
-        self,
-        plan: Plan,
-        run_dir: Path | None = None,
-        alternate: frozenset[str] | None = None,
-        gateway: DaemonGateway | None = None,
-    ) -> tuple[dict[str, WorkerSpec], str]:
-        """The specs of `plan` in `run_dir` (default: the current topology's, with its alternate addresses), for
-        the workers of `gateway` (default: the daemon's)."""
-        if alternate is None:
-            alternate = frozenset(self._alternate) if run_dir is None else frozenset()
-        return worker_specs(
-            plan,
-            run_dir or self.generation_dir,
-            alternate=alternate,
-            parent_pid=self.pid,
-            log_level=self.options.log_level,
-            import_paths=self.options.import_paths,
-            metrics=self.options.metrics,
-            drain_timeout=self.drain_timeout,
-            # Set where every path's specs are made (start, a restart beside, scale, apply), so none leaves it out.
-            record_handoffs=self.options.record_handoffs,
-            # Workers map and write large payloads in the gateway's private shared-memory directory.
-            shm_dir=(gateway or self.gateway).shm_dir,
-        )
-
     def make_runner(self, spec: WorkerSpec, hooks: RunnerHooks | None = None) -> WorkerRunner:
         """A runner of `spec`'s worker, reporting through `hooks` (default: the daemon's)."""
-        # A replica's worker drains what it holds (up to drain_timeout) before it exits on SIGTERM.
-        return WorkerRunner(
-            spec,
-            self._launcher,
-            BackoffPolicy(
-                max_restarts=self.options.max_restarts,
-                initial=self.options.backoff_initial,
-                max_delay=self.options.backoff_max,
-            ),
-            hooks or self._hooks,
-            start_timeout=self.options.start_timeout,
-            stop_timeout=self.options.stop_timeout + spec.drain_grace,
-        )
+        return self.worker_factory.runner(spec, hooks)
 
     # -- replicas (supervisor/daemon/replicas.py drives these) ----------------------
 
@@ -202,7 +165,7 @@ class Daemon(Generic[GatewayT]):
     ) -> dict[str, WorkerSpec]:
         """The WorkerSpecs a plan would start, in this daemon's run directory and shared memory; with `run_dir`,
         in that directory for `gateway`'s (an apply's new topology)."""
-        return self._worker_specs(plan, run_dir, gateway=gateway)[0]
+        return self.worker_factory.specs(plan, run_dir, gateway=gateway)[0]
 
     @property
     def runners(self) -> Mapping[str, WorkerRunner]:
@@ -213,7 +176,7 @@ class Daemon(Generic[GatewayT]):
     def drain_timeout(self) -> float:
         """How long a replica taken out of rotation (rolling restart, scale-down) may finish its requests: as
         long as a request may run (`replica_drain_timeout`), not only --drain-timeout (that bounds shutdown)."""
-        return replica_drain_timeout(self.options.drain_timeout, self.options.request_limits.request_timeout)
+        return self.worker_factory.drain_timeout
 
     def add_runner(self, spec: WorkerSpec) -> WorkerRunner:
         runner = self._runners[spec.name] = self.make_runner(spec)
@@ -228,7 +191,7 @@ class Daemon(Generic[GatewayT]):
         limit = runner.max_text_chars
         self.gateway.declare_text_limit(name, None)
         runner.rename(spec)
-        runner.stop_timeout = self.options.stop_timeout + spec.drain_grace
+        runner.stop_timeout = self.worker_factory.stop_timeout(spec)
         self._runners[spec.name] = runner
         if runner.state is GroupState.READY:
             self.gateway.declare_text_limit(spec.name, limit)
@@ -259,14 +222,14 @@ class Daemon(Generic[GatewayT]):
 
     def spec_beside(self, name: str) -> WorkerSpec:
         """The spec of a new worker of the single-worker group `name` at the address its worker does not use."""
-        return self._worker_specs(self.plan, alternate=frozenset(self._alternate ^ {name}))[0][name]
+        return self.worker_factory.spec_beside(self.plan, name)
 
     def take_worker(self, name: str, new: WorkerRunner) -> None:
         """`new` (READY, at the address the group's worker did not use) is the worker of single-worker group
         `name` from now on: its transitions are the group's."""
         self._runners[name] = new  # the same dict: the monitor holds it
         self.specs[name] = new.spec
-        self._alternate ^= {name}
+        self.worker_factory.alternate ^= {name}
         new.hooks = self._hooks  # the group's worker now: its transitions are the group's
         self.gateway.declare_text_limit(name, new.max_text_chars)  # its stages may declare another limit
 
@@ -397,7 +360,7 @@ class Daemon(Generic[GatewayT]):
         the daemon's own, its gateway takes the requests, and no group runs at its alternate address."""
         hooks.on_event, hooks.on_failure = self.health.on_event, self.health.on_failure
         hooks.on_worker_lost, hooks.on_silence = self.health.on_worker_lost, self.health.on_silence
-        self._alternate = set()
+        self.worker_factory.alternate = set()
         self._hooks = hooks
         self.gateway = gateway
         self.plan, self.specs, self.sink_address = plan, specs, sink
