@@ -20,6 +20,7 @@ from stagevisor.supervisor.config.pipeline import (
     StageConfig,
     check_fraction,
     check_name,
+    received,
 )
 from stagevisor.supervisor.config.validation import validated
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, shown
@@ -83,9 +84,7 @@ MAX_REPLICAS = 64
 def check_replicas(value: Any, what: str = "replicas") -> int:
     """A replica count: an integer in [1, MAX_REPLICAS]."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(
-            f"{what} must be an integer from 1 to {MAX_REPLICAS}, got {type(value).__name__} {shown(value)}"
-        )
+        raise ValueError(f"{what} must be an integer from 1 to {MAX_REPLICAS}, got {received(value)}")
     if not 1 <= value <= MAX_REPLICAS:
         raise ValueError(f"{what} must be from 1 to {MAX_REPLICAS}, got {shown(value)}")
     return value

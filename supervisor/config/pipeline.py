@@ -39,9 +39,15 @@ MAX_GPU_ID = 2**31 - 1
 would plan, then fail the daemon's topology report."""
 
 
+def received(value: Any) -> str:
+    """What an entry held, after `must be ...`: `null` where it was null or left empty (the word the schema's own
+    messages use, not Python's `NoneType None`), else its type and value (`str '2'`, `int 5`)."""
+    return "null" if value is None else f"{type(value).__name__} {shown(value)}"
+
+
 def check_name(value: Any, what: str) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{what} must be a string, got {type(value).__name__} {shown(value)}")
+        raise ValueError(f"{what} must be a string, got {received(value)}")
     if not NAME_PATTERN.match(value):
         raise ValueError(
             f"{what} {shown(value)} is not a valid name: use letters, digits, '_', '.', '-' "
@@ -55,9 +61,7 @@ def check_fraction(value: Any, what: str = "total_gpu_memory_fraction") -> float
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(
-            f"{what} must be a number in (0, 1], got {type(value).__name__} {shown(value)}{_as_text_hint(value)}"
-        )
+        raise ValueError(f"{what} must be a number in (0, 1], got {received(value)}{_as_text_hint(value)}")
     try:
         number = float(value)
     except OverflowError:

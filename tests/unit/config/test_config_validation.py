@@ -806,3 +806,42 @@ def test_a_gpu_id_the_admin_api_cannot_carry_is_refused_where_it_is_written():
     )
     config = parse_config_text("model_path: demo\nstages: [{name: vocoder, gpu: 2147483647}]\n", "cfg.yaml")
     assert config.stages[0].gpu == 2147483647
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("stages:\n  - name: null\n", "cfg.yaml:3:5: stages[0].name: stage name must be a string, got null"),
+        (
+            "processes:\n  vocoder: {replicas: null}\n",
+            "cfg.yaml:3:13: processes.vocoder.replicas: replicas must be an integer from 1 to 64, got null",
+        ),
+        (
+            "processes:\n  vocoder:\n    autoscale: {max_replicas: null}\n",
+            "cfg.yaml:4:17: processes.vocoder.autoscale.max_replicas: max_replicas must be an integer from 1 to 64, "
+            "got null",
+        ),
+        (
+            "voices:\n  alloy: null\n",
+            "cfg.yaml:3:3: voices.alloy: the model's voice it stands for must be a string, got null",
+        ),
+        (
+            "pipeline:\n  name: null\n  stages: [{name: a, factory: 'm:f'}]\n",
+            "cfg.yaml:2:3: pipeline.name: pipeline name must be a string, got null",
+        ),
+        (
+            "pipeline:\n  name: p\n  stages: [{name: a, factory: 'm:f', next: [null]}]\n",
+            "cfg.yaml:3:38: pipeline.stages[0].next: next entry must be a string, got null",
+        ),
+        (
+            "pipeline:\n  name: p\n  stages: [{name: a, factory: 'm:f'}]\n  role_aliases: {vocoder: null}\n",
+            "cfg.yaml:4:18: pipeline.role_aliases.vocoder: role alias target (a stage) must be a string, got null",
+        ),
+    ],
+)
+def test_a_null_entry_is_named_null_beside_what_it_must_be_at_its_location(text, problem):
+    """A null (or empty) entry said `got NoneType None`, Python's words: it is YAML's `null`, as the schema's
+    own messages name it."""
+    error = config_error("model_path: demo\n" + text if not text.startswith("pipeline") else text)
+    assert error.message.startswith(problem), error.message
+    assert "NoneType" not in error.message
