@@ -20,7 +20,7 @@ from stagevisor.supervisor.config import (
     PlacementConfig,
     StageConfig,
 )
-from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError
+from stagevisor.supervisor.errors import ConfigError, ErrorCode, PlacementError, StagevisorError
 from stagevisor.supervisor.plan import (
     Autoscale,
     Edge,
@@ -169,7 +169,10 @@ def plan_pipeline(
         if edge not in safe and edge not in newly_crossing:
             warnings.append(f"{edge_text(edge)} crosses processes as declared but is not listed in process_safe_edges")
 
-    check_fractions_declared(placed, groups, crossing, in_full=in_full)
+    try:
+        check_fractions_declared(placed, groups, crossing, in_full=in_full)
+    except PlacementError as error:
+        raise _fraction_split_in_file(error, declared, baseline, placed, groups, in_full) from None
     check_limits(
         gpu_fractions(placed),
         groups,
@@ -209,6 +212,32 @@ def _option_spans_gpus(
         stages=error.stages,
         gpu=error.gpu,
     )
+
+
+def _fraction_split_in_file(
+    error: PlacementError,
+    declared: PipelineConfig,
+    baseline: PipelineConfig,
+    placed: PipelineConfig,
+    groups: tuple[ProcessGroup, ...],
+    in_full: bool,
+) -> StagevisorError:
+    """MISSING_FRACTION at the config's `process:` entry that split the shared GPU: the first stage on it whose
+    process the file chose apart from the others there (a model's stage the file moved out of its process; in a
+    pipeline declared in full, a stage beside the GPU's first process) and no placement option moved. Unchanged
+    where an option's split or replicas alone share the GPU: no entry of the file caused it."""
+    if error.code is not ErrorCode.MISSING_FRACTION or error.config_path:
+        return error
+    on_gpu = {name for g in groups if any(w.gpu == error.gpu for w in g.workers()) for name in g.stages}
+    before = {b.name: group_key(b) for b in baseline.stages}
+    stages = [(i, s) for i, s in enumerate(declared.stages) if s.name in on_gpu]
+    first = group_key(stages[0][1]) if stages else ""
+    for index, stage in stages:
+        if group_key(placed.stages[index]) != group_key(stage):
+            continue  # a placement option moved it, not the file
+        if (group_key(stage) != first) if in_full else (before.get(stage.name) != group_key(stage)):
+            return error.about(("stages", index, "process"))
+    return error
 
 
 def _unsafe_edge_error(

@@ -268,6 +268,62 @@ def test_a_structure_error_from_a_yaml_override_names_the_config_file(tmp_path):
     assert error.message.startswith(f"{config}:3:21: stage 'vocoder' lists GPUs [0, 1] but tp_size is 1")
 
 
+def missing_fraction_in(tmp_path, text: str, isolate: tuple[str, ...] = ()) -> StagevisorError:
+    config = tmp_path / "cfg.yaml"
+    config.write_text(textwrap.dedent(text))
+    error = error_of(lambda: plan_placement(PlacementRequest(None, str(config), isolate_stages=list(isolate))))
+    assert error.code is ErrorCode.MISSING_FRACTION, error.message
+    return error
+
+
+def test_a_missing_fraction_from_a_models_stage_moved_in_the_file_is_located_at_its_process_entry(tmp_path):
+    """The file's `process: vocoder` split the shared GPU: the error leads with that entry, as other config errors
+    lead with theirs, not with no location at all."""
+    error = missing_fraction_in(
+        tmp_path,
+        """\
+        model_path: audar-tts
+        stages:
+          - name: tts_engine
+            runtime: {resources: {total_gpu_memory_fraction: 0.5}}
+          - name: vocoder
+            process: vocoder
+        """,
+    )
+    assert error.message.startswith(f"{tmp_path / 'cfg.yaml'}:6:5: GPU 0 is shared by processes"), error.message
+    assert (error.location.line, error.location.column) == (6, 5)
+
+
+def test_a_missing_fraction_in_a_pipeline_declared_in_full_is_located_at_the_second_processs_entry(tmp_path):
+    error = missing_fraction_in(
+        tmp_path,
+        """\
+        pipeline:
+          name: p
+          stages:
+            - {name: a, factory: 'm:f', gpu: 0, process: one, next: [b]}
+            - {name: b, factory: 'm:f', gpu: 0, process: two}
+          process_safe_edges: [[a, b]]
+        """,
+    )
+    assert error.message.startswith(f"{tmp_path / 'cfg.yaml'}:5:41: GPU 0 is shared"), error.message
+
+
+def test_a_missing_fraction_from_a_placement_option_has_no_location_in_the_file(tmp_path):
+    """--isolate-stage split the GPU, not the file: no entry of it is to blame."""
+    error = missing_fraction_in(
+        tmp_path,
+        """\
+        model_path: audar-tts
+        stages:
+          - name: tts_engine
+            runtime: {resources: {total_gpu_memory_fraction: 0.5}}
+        """,
+        isolate=("vocoder",),
+    )
+    assert error.location is None and error.message.startswith("GPU 0 is shared"), error.message
+
+
 def test_conflicting_recommendations_for_a_tp_stage_name_its_first_shared_gpu():
     declared = chain(
         {"name": "x", "process": "p"},
