@@ -41,14 +41,14 @@ def ensure_runnable(plan: Plan, args: argparse.Namespace, command: str) -> None:
 
 def refuse_unmet(plan: Plan) -> None:
     """Raise StagevisorError (MISSING_DEPENDENCY, MISSING_REQUIREMENT) naming everything the plan lacks here (an
-    extra, the model's checkpoint), as `serve` prints it before any worker starts; for commands that report it as
-    an error object (bench)."""
+    extra, the model's checkpoint), each led by its code as `serve` and `check` print it before any worker starts;
+    for commands that report it as an error object (bench)."""
     from stagevisor.models.requirements import unmet_requirements
 
     unmet = unmet_requirements(plan)
     if unmet:
         raise StagevisorError(
             unmet[0].code,
-            "; ".join(item.message for item in unmet),
+            "; ".join(f"{item.code.value}: {item.message}" for item in unmet),
             stages=tuple(dict.fromkeys(stage for item in unmet for stage in item.stages)),
         )

@@ -63,6 +63,18 @@ def test_serve_on_the_demo_model_without_the_extra_exits_1_before_anything_start
     assert started == []
 
 
+def test_bench_on_the_demo_model_without_the_extra_leads_with_the_code_as_serve_does(monkeypatch, capsys):
+    """bench printed `error: stages ... need the default voice ...`, the one command of the three whose refusal
+    did not lead with MISSING_DEPENDENCY."""
+    monkeypatch.setattr(extras, "_installed", lambda module: module != "hibari")
+    monkeypatch.setattr(extras.missing_extras, "__defaults__", (extras._installed,))
+    assert main(["bench", "--model-path", "demo", "--requests", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: MISSING_DEPENDENCY: stages 'preprocessing', 'tts_engine', 'vocoder' need the "), err
+    assert "(missing: hibari)" in err and install_command("demo") in err
+    assert "starting a daemon" not in err
+
+
 def test_extras_needed_lists_installed_extras_too_with_what_is_missing():
     factories = [
         ("preprocessing", "stagevisor.stages.qwen3:preprocessing"),
