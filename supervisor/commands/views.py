@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "its workers and pids after it) and for each autoscaling decision (AUTOSCALE), until the daemon stops "
         "or Ctrl-C. --format json prints one JSON object per line (`kind`: TRANSITION, APPLIED, WARNING, "
         "NOTICE, SCALED, AUTOSCALE).",
-        epilog="example: stagevisor events &  stagevisor restart vocoder",
+        epilog="example: stagevisor events &  stagevisor restart pipeline",
     )
     add_admin_options(events, formats=True)
     events.set_defaults(handler=_events)

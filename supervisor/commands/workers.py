@@ -35,8 +35,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "time: each is taken out of rotation, drains its requests, restarts, and is READY before the next, "
         "so the group never stops serving. GROUP/INDEX restarts one replica. A group the daemon does not run "
         "is exit status 2.",
-        epilog="examples:\n  stagevisor restart vocoder\n  stagevisor restart vocoder/1\n"
-        "  stagevisor restart pipeline --force\n  stagevisor restart vocoder --format json\n\n"
+        epilog="examples:\n  stagevisor restart pipeline\n"
+        "  stagevisor restart pipeline --force\n  stagevisor restart pipeline --format json\n"
+        "  stagevisor scale pipeline=2 && stagevisor restart pipeline/1\n\n"
         "--format json prints one object: {group, old_pid, new_pid, state, workers: [{name, pid}]}: the old and "
         "new pid of a single worker, or, when a replicated group restarted one replica at a time, null pids and "
         "each replica's new pid; a refusal prints {error: {code, message}}.",
@@ -64,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "stop the highest-indexed ones. Checked first against the GPU budget exactly as "
         "`stagevisor plan --process-replicas` checks it: a refusal (OVER_LIMIT, "
         "MISSING_FRACTION, TP_STAGE, MISSING_PROCESS) changes nothing.",
-        epilog="examples:\n  stagevisor scale vocoder=3\n  stagevisor scale vocoder=3 --format json\n\n"
+        epilog="examples:\n  stagevisor scale pipeline=3\n"
+        "  stagevisor scale pipeline=1 --format json\n\n"
         "--format json prints one object: {group, old_replicas, new_replicas, workers: [{name, pid}]}: the group's "
         "workers after the change, each with its pid (null for one with no process now); a refusal prints "
         "{error: {code, message}}.",

@@ -100,6 +100,34 @@ def test_every_example_in_every_command_s_help_is_one_command_the_parser_takes()
     assert checked >= len(parser.commands) and refused == []
 
 
+@pytest.mark.parametrize("command", ["restart", "scale", "events"])
+def test_the_group_examples_name_the_groups_the_quickstart_daemon_runs(capsys, command):
+    """restart's, scale's and events' examples named a `vocoder` group: on the README's quickstart daemon (the
+    default voice, as declared: one group, `pipeline`) each was refused, exit status 2. A replica index must be
+    one a `scale` earlier on the same line started."""
+    from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
+
+    groups = {group.name for group in plan_placement(PlacementRequest()).groups}
+    text = help_of(capsys, command)
+    examples = text[re.search(r"^examples?:", text, re.M).end() :].split("\n\n")[0]
+    named = []
+    for line in examples.splitlines():
+        replicas: dict[str, int] = {}
+        for part in re.split(r"&&|&|;", line):
+            words = shlex.split(part)
+            if words[:1] != ["stagevisor"] or words[1] not in ("restart", "scale"):
+                continue
+            target = words[2]
+            if words[1] == "scale":
+                group, _, count = target.partition("=")
+                replicas[group] = int(count)
+            else:
+                group, _, index = target.partition("/")
+                assert not index or int(index) < replicas.get(group, 1), f"{line.strip()}: no replica {target}"
+            named.append(group)
+    assert named and set(named) <= groups, (named, groups)
+
+
 def test_the_playground_declares_an_inline_icon_so_browsers_ask_for_no_favicon():
     page = resources.files("stagevisor.supervisor.http").joinpath("playground.html").read_text(encoding="utf-8")
     assert '<link rel="icon" href="data:,">' in page
