@@ -151,7 +151,7 @@ class Daemon(Generic[GatewayT]):
 
     def make_runner(self, spec: WorkerSpec, hooks: RunnerHooks | None = None) -> WorkerRunner:
         """A runner of `spec`'s worker, reporting through `hooks` (default: the daemon's)."""
-        return self.worker_factory.runner(spec, hooks)
+        return self.worker_factory.runner(spec, self._launcher, hooks or self._hooks)
 
     # -- replicas (supervisor/daemon/replicas.py drives these) ----------------------
 

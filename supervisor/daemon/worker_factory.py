@@ -2,8 +2,8 @@
 single-worker group's worker uses now, and the WorkerRunner of a spec with the daemon's backoff and timeouts.
 
 The daemon (core.py) holds one WorkerFactory and asks it whenever a start, a scale, a restart beside a worker or an
-apply needs specs or runners; what changes under it (the current topology's run directory, gateway, launcher and
-hooks) it reads from the daemon through FactoryHost. specs.py says what a spec holds.
+apply needs specs or runners. What an apply changes under it, the current topology's run directory and gateway, it
+reads through FactoryHost; the daemon hands each runner its launcher and hooks. specs.py says what a spec holds.
 """
 
 from __future__ import annotations
@@ -23,22 +23,18 @@ from stagevisor.supervisor.worker.spec import WorkerSpec
 
 
 class FactoryHost(Protocol):
-    """What the factory reads from the daemon as it is now (an apply changes all but the options and the pid)."""
+    """What the factory reads from the daemon as it is now (an apply changes the run directory and the gateway)."""
 
     options: DaemonOptions
     pid: int
 
     @property
-    def generation_dir(self) -> Path: ...
+    def generation_dir(self) -> Path:
+        """The current topology's run directory: where specs put their sockets unless told another."""
 
     @property
-    def gateway(self) -> DaemonGateway: ...
-
-    @property
-    def launcher(self) -> DaemonLauncher: ...
-
-    @property
-    def hooks(self) -> RunnerHooks: ...
+    def gateway(self) -> DaemonGateway:
+        """The current gateway: its shared-memory directory goes in each spec unless another gateway is named."""
 
 
 class WorkerFactory:
@@ -82,18 +78,18 @@ class WorkerFactory:
         """The spec of a new worker of `plan`'s single-worker group `name` at the address its worker does not use."""
         return self.specs(plan, alternate=frozenset(self.alternate ^ {name}))[0][name]
 
-    def runner(self, spec: WorkerSpec, hooks: RunnerHooks | None = None) -> WorkerRunner:
-        """A runner of `spec`'s worker, reporting through `hooks` (default: the daemon's)."""
+    def runner(self, spec: WorkerSpec, launcher: DaemonLauncher, hooks: RunnerHooks) -> WorkerRunner:
+        """A runner of `spec`'s worker, started through `launcher` and reporting through `hooks`."""
         options = self.host.options
         return WorkerRunner(
             spec,
-            self.host.launcher,
+            launcher,
             BackoffPolicy(
                 max_restarts=options.max_restarts,
                 initial=options.backoff_initial,
                 max_delay=options.backoff_max,
             ),
-            hooks or self.host.hooks,
+            hooks,
             start_timeout=options.start_timeout,
             stop_timeout=self.stop_timeout(spec),
         )
