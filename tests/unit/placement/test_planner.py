@@ -268,6 +268,15 @@ def test_a_structure_error_from_a_yaml_override_names_the_config_file(tmp_path):
     assert error.message.startswith(f"{config}:3:21: stage 'vocoder' lists GPUs [0, 1] but tp_size is 1")
 
 
+AUDAR_ENGINE_FRACTION = """\
+model_path: audar-tts
+stages:
+  - name: tts_engine
+    runtime: {resources: {total_gpu_memory_fraction: 0.5}}
+"""
+"""Audar-TTS (no recommended fractions) with its engine's fraction declared, the rest of its GPU stages without."""
+
+
 def missing_fraction_in(tmp_path, text: str, isolate: tuple[str, ...] = ()) -> StagevisorError:
     config = tmp_path / "cfg.yaml"
     config.write_text(textwrap.dedent(text))
@@ -279,17 +288,7 @@ def missing_fraction_in(tmp_path, text: str, isolate: tuple[str, ...] = ()) -> S
 def test_a_missing_fraction_from_a_models_stage_moved_in_the_file_is_located_at_its_process_entry(tmp_path):
     """The file's `process: vocoder` split the shared GPU: the error leads with that entry, as other config errors
     lead with theirs, not with no location at all."""
-    error = missing_fraction_in(
-        tmp_path,
-        """\
-        model_path: audar-tts
-        stages:
-          - name: tts_engine
-            runtime: {resources: {total_gpu_memory_fraction: 0.5}}
-          - name: vocoder
-            process: vocoder
-        """,
-    )
+    error = missing_fraction_in(tmp_path, AUDAR_ENGINE_FRACTION + "  - name: vocoder\n    process: vocoder\n")
     assert error.message.startswith(f"{tmp_path / 'cfg.yaml'}:6:5: GPU 0 is shared by processes"), error.message
     assert (error.location.line, error.location.column) == (6, 5)
 
@@ -311,16 +310,7 @@ def test_a_missing_fraction_in_a_pipeline_declared_in_full_is_located_at_the_sec
 
 def test_a_missing_fraction_from_a_placement_option_has_no_location_in_the_file(tmp_path):
     """--isolate-stage split the GPU, not the file: no entry of it is to blame."""
-    error = missing_fraction_in(
-        tmp_path,
-        """\
-        model_path: audar-tts
-        stages:
-          - name: tts_engine
-            runtime: {resources: {total_gpu_memory_fraction: 0.5}}
-        """,
-        isolate=("vocoder",),
-    )
+    error = missing_fraction_in(tmp_path, AUDAR_ENGINE_FRACTION, isolate=("vocoder",))
     assert error.location is None and error.message.startswith("GPU 0 is shared"), error.message
 
 
