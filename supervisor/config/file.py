@@ -21,6 +21,7 @@ from stagevisor.supervisor.config.pipeline import (
     check_fraction,
     check_name,
     received,
+    written,
 )
 from stagevisor.supervisor.config.validation import validated
 from stagevisor.supervisor.errors import ConfigError, ErrorCode, shown
@@ -86,7 +87,7 @@ def check_replicas(value: Any, what: str = "replicas") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{what} must be an integer from 1 to {MAX_REPLICAS}, got {received(value)}")
     if not 1 <= value <= MAX_REPLICAS:
-        raise ValueError(f"{what} must be from 1 to {MAX_REPLICAS}, got {shown(value)}")
+        raise ValueError(f"{what} must be from 1 to {MAX_REPLICAS}, got {written(value)}")
     return value
 
 
@@ -210,7 +211,7 @@ class ProcessConfig(Frozen):
             or not value
             or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
         ):
-            raise ValueError(f"gpus must be a non-empty list of GPU ids (int >= 0), got {shown(value)}")
+            raise ValueError(f"gpus must be a non-empty list of GPU ids (int >= 0), got {written(value)}")
         if max(value) > MAX_GPU_ID:
             raise ValueError(f"gpus lists {max(value)}, which is not a GPU id: ids run from 0 to {MAX_GPU_ID}")
         if len(set(value)) != len(value):
@@ -248,7 +249,7 @@ class ConfigFile(Frozen):
         if value is None:
             return {}
         if not isinstance(value, Mapping):
-            raise ValueError(f"voices must be a mapping of voice name -> the model's voice, got {shown(value)}")
+            raise ValueError(f"voices must be a mapping of voice name -> the model's voice, got {written(value)}")
         return value
 
     @field_validator("processes", mode="before")
@@ -257,7 +258,7 @@ class ConfigFile(Frozen):
         if value is None:
             return {}
         if not isinstance(value, Mapping):
-            raise ValueError(f"processes must be a mapping of process name to settings, got {shown(value)}")
+            raise ValueError(f"processes must be a mapping of process name to settings, got {written(value)}")
         # `vocoder:` with nothing under it (null) is a process with every setting left out, as `vocoder: {}`.
         return {name: {} if settings is None else settings for name, settings in value.items()}
 

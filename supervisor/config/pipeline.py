@@ -39,9 +39,14 @@ MAX_GPU_ID = 2**31 - 1
 would plan, then fail the daemon's topology report."""
 
 
+def written(value: Any) -> str:
+    """An entry's value after `must be ..., got`: `null` where it was null or left empty (the word the schema's own
+    messages use, not Python's `None`), else its value (`3`, `'x'`)."""
+    return "null" if value is None else shown(value)
+
+
 def received(value: Any) -> str:
-    """What an entry held, after `must be ...`: `null` where it was null or left empty (the word the schema's own
-    messages use, not Python's `NoneType None`), else its type and value (`str '2'`, `int 5`)."""
+    """`written`, with the type of a value that is not null (`str '2'`, `int 5`), where the type is the mistake."""
     return "null" if value is None else f"{type(value).__name__} {shown(value)}"
 
 
@@ -152,7 +157,7 @@ def _as_names(value: Any, what: str) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"{what} must be a stage name or a list of stage names, got {shown(value)}")
+        raise ValueError(f"{what} must be a stage name or a list of stage names, got {written(value)}")
     names = tuple(check_name(v, f"{what} entry") for v in value)
     for index, name in enumerate(names):
         if name in names[:index]:
@@ -180,7 +185,7 @@ class StageChecks(Frozen):
         if value is None:
             return None
         if not isinstance(value, str) or not re.match(r"^[\w.]+:[\w.]+$", value):
-            raise ValueError(f"factory must be an import path 'module:callable', got {shown(value)}")
+            raise ValueError(f"factory must be an import path 'module:callable', got {written(value)}")
         return value
 
     @field_validator("args", mode="before", check_fields=False)
@@ -189,7 +194,7 @@ class StageChecks(Frozen):
         if value is None:
             return {}
         if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-            raise ValueError(f"args must be a mapping of keyword arguments, got {shown(value)}")
+            raise ValueError(f"args must be a mapping of keyword arguments, got {written(value)}")
         return dict(value)
 
     @field_validator("gpu", mode="before", check_fields=False)
@@ -197,7 +202,7 @@ class StageChecks(Frozen):
     def _gpu(cls, value: Any) -> int | tuple[int, ...] | None:
         def one(v: Any) -> int:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"gpu must be null, a GPU id (int >= 0) or a list of them, got {shown(value)}")
+                raise ValueError(f"gpu must be null, a GPU id (int >= 0) or a list of them, got {written(value)}")
             if v > MAX_GPU_ID:
                 raise ValueError(f"gpu {v} is not a GPU id: ids run from 0 to {MAX_GPU_ID}")
             return v
@@ -214,7 +219,7 @@ class StageChecks(Frozen):
     @classmethod
     def _tp_size(cls, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"tp_size must be an integer >= 1, got {shown(value)}")
+            raise ValueError(f"tp_size must be an integer >= 1, got {written(value)}")
         return value
 
     @field_validator("next", "stream_to", mode="before", check_fields=False)
@@ -284,7 +289,7 @@ class EdgeResources(Frozen):
     @classmethod
     def _fractions(cls, value: Any) -> Any:
         if not isinstance(value, Mapping) or not value:
-            raise ValueError(f"fractions must be a non-empty mapping of stage -> fraction, got {shown(value)}")
+            raise ValueError(f"fractions must be a non-empty mapping of stage -> fraction, got {written(value)}")
         return value
 
 
@@ -316,7 +321,7 @@ class OptionSpec(Frozen):
     def _number(cls, value: Any, info: ValidationInfo) -> Any:
         # One message for `int | float`, where pydantic gives one per member of the union.
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ValueError(f"{info.field_name} must be a number or null, got {shown(value)}")
+            raise ValueError(f"{info.field_name} must be a number or null, got {written(value)}")
         return value
 
     @field_validator("minimum", "maximum")
@@ -433,7 +438,7 @@ class PipelineConfig(Frozen):
         if value is None:
             return {}
         if not isinstance(value, Mapping):
-            raise ValueError(f"role_aliases must be a mapping of role -> stage name, got {shown(value)}")
+            raise ValueError(f"role_aliases must be a mapping of role -> stage name, got {written(value)}")
         return value
 
     def stage(self, name: str) -> StageConfig:

@@ -813,6 +813,16 @@ def test_a_gpu_id_the_admin_api_cannot_carry_is_refused_where_it_is_written():
     [
         ("stages:\n  - name: null\n", "cfg.yaml:3:5: stages[0].name: stage name must be a string, got null"),
         (
+            "stages:\n  - {name: vocoder, tp_size: null}\n",
+            "cfg.yaml:3:21: stages[0].tp_size: tp_size must be an integer >= 1, got null",
+        ),
+        (
+            "pipeline:\n  name: p\n  stages: [{name: a, factory: 'm:f'}]\n"
+            "  process_edge_resources: [{edge: [a, a], fractions: null}]\n",
+            "cfg.yaml:4:43: pipeline.process_edge_resources[0].fractions: fractions must be a non-empty mapping of "
+            "stage -> fraction, got null",
+        ),
+        (
             "processes:\n  vocoder: {replicas: null}\n",
             "cfg.yaml:3:13: processes.vocoder.replicas: replicas must be an integer from 1 to 64, got null",
         ),
