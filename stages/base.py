@@ -12,6 +12,8 @@ DEFAULT_MAX_TEXT_CHARS = 5000
 MAX_ERROR_CODE_CHARS = 64
 """Longest `code` a StageError may carry: UPPER_SNAKE, a letter then letters, digits and underscores."""
 _ERROR_CODE = re.compile(rf"[A-Z][A-Z0-9_]{{0,{MAX_ERROR_CODE_CHARS - 1}}}")
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+"""A request field's name, as a StageError's `field` gives it: the form of an option's key (at most 64 characters)."""
 
 
 @dataclass
@@ -46,12 +48,27 @@ class StageError(Exception):
     `code`. Anything else is a ValueError here, when the stage raises it. A
     subclass may name its code as a class attribute instead (`code =
     "MYMODEL_UNKNOWN_VOICE"`); the worker passes on only a valid one.
+
+    `field`, optional, names the one request field the refusal is about, as
+    the request names it (`voice`, `instructions`, `language`, `seed`,
+    `reference_audio`, `reference_transcript`, an option's key): gRPC's
+    trailing metadata `stagevisor-error-field`, the HTTP error's `param` (in
+    the HTTP API's own name for it: `ref_audio` for `reference_audio`). A name
+    not in an option key's form (`is_field_name`) is a ValueError here.
     """
 
     code: str | None = None
+    field: str | None = None
 
-    def __init__(self, *args: object, code: str | None = None) -> None:
+    def __init__(self, *args: object, code: str | None = None, field: str | None = None) -> None:
         super().__init__(*args)
+        if field is not None:
+            if not is_field_name(field):
+                raise ValueError(
+                    "a StageError's field must name a request field: a letter or _, then up to 63 of letters, "
+                    f"digits, _, . and - (e.g. 'voice'), got {field!r}"
+                )
+            self.field = field
         if code is None:
             return  # a subclass's own `code`, if it has one, stays
         if not is_error_code(code):
@@ -65,6 +82,11 @@ class StageError(Exception):
 def is_error_code(value: object) -> TypeGuard[str]:
     """Whether `value` is a code a StageError may carry, and one a client is passed: anything else is dropped."""
     return isinstance(value, str) and _ERROR_CODE.fullmatch(value) is not None
+
+
+def is_field_name(value: object) -> TypeGuard[str]:
+    """Whether `value` is a field name a StageError may carry, and one a client is passed: anything else is dropped."""
+    return isinstance(value, str) and _FIELD_NAME.fullmatch(value) is not None
 
 
 class StageContext(Protocol):

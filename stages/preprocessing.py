@@ -138,6 +138,7 @@ class PhonemePreprocessing(ABC, Generic[OptionsT]):
                 f"text {text[:40]!r} has nothing speakable: it phonemizes to no sounds (punctuation or symbols alone, "
                 "or a script the voice has no sounds for); give words the voice reads",
                 code=NOTHING_SPEAKABLE,
+                field="text",
             )
         # All of it as the payload's data too: an engine behind a plain `next` edge (the stand-ins, a pipeline
         # declared so) takes it whole, as before the pieces were streamed.

@@ -75,6 +75,8 @@ REFERENCE_UNREADABLE = "REFERENCE_UNREADABLE"
 samples, a sample rate out of range): HTTP's `invalid_audio`."""
 REFERENCE_TOO_LONG = "REFERENCE_TOO_LONG"
 """The code of an InvalidRequest for reference audio over MAX_REFERENCE_SECONDS: HTTP's `audio_too_long`."""
+REFERENCE_FIELD = "reference_audio"
+"""The request field these refusals name (StageError's `field`; HTTP's `param` names it `ref_audio`)."""
 
 
 def rate_problem(rate: int) -> str | None:
@@ -93,25 +95,34 @@ def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
             problem = rate_problem(rate)
             if problem:
                 # A header of 1 Hz was cloned from (60 samples); one of 4294967295 Hz failed the request in the daemon.
-                raise InvalidRequest(f"reference_audio has a sample rate of {problem}", code=REFERENCE_UNREADABLE)
+                raise InvalidRequest(
+                    f"reference_audio has a sample rate of {problem}", code=REFERENCE_UNREADABLE, field=REFERENCE_FIELD
+                )
             raw, too_long = frames_within(wav, len(data), MAX_REFERENCE_SECONDS)
             if too_long:
                 raise InvalidRequest(
                     f"reference_audio {too_long}; at most {MAX_REFERENCE_SECONDS:g} s are accepted",
                     code=REFERENCE_TOO_LONG,
+                    field=REFERENCE_FIELD,
                 )
     except (wave.Error, EOFError) as exc:
         why = str(exc) or "it ends inside its header"  # wave's EOFError (a file cut off there) has no text
         kind = WAVE_FORMATS.get(why.removeprefix("unknown format: "), "") if why.startswith("unknown format") else ""
         if kind:  # a WAV file, of samples this reader does not take: say which and how to convert it
             raise InvalidRequest(
-                f"reference_audio must be a PCM WAV file; this one holds {kind}: {CONVERT}", code=REFERENCE_UNREADABLE
+                f"reference_audio must be a PCM WAV file; this one holds {kind}: {CONVERT}",
+                code=REFERENCE_UNREADABLE,
+                field=REFERENCE_FIELD,
             ) from None
         if why == "file does not start with RIFF id":  # another format altogether (MP3, FLAC, Ogg)
             raise InvalidRequest(
-                f"reference_audio must be a PCM WAV file; this one is no WAV file: {CONVERT}", code=REFERENCE_UNREADABLE
+                f"reference_audio must be a PCM WAV file; this one is no WAV file: {CONVERT}",
+                code=REFERENCE_UNREADABLE,
+                field=REFERENCE_FIELD,
             ) from None
-        raise InvalidRequest(f"reference_audio must be a PCM WAV file: {why}", code=REFERENCE_UNREADABLE) from None
+        raise InvalidRequest(
+            f"reference_audio must be a PCM WAV file: {why}", code=REFERENCE_UNREADABLE, field=REFERENCE_FIELD
+        ) from None
     if width == 1:
         samples = (np.frombuffer(raw, dtype=np.uint8).astype(np.float32) - 128.0) / 128.0
     elif width == 2:
@@ -122,10 +133,11 @@ def decode_reference_wav(data: bytes) -> tuple[np.ndarray, int]:
         raise InvalidRequest(
             f"reference_audio uses {8 * width}-bit samples; 8, 16 or 32-bit PCM is accepted: {CONVERT}",
             code=REFERENCE_UNREADABLE,
+            field=REFERENCE_FIELD,
         )
     samples = samples[: len(samples) - len(samples) % channels].reshape(-1, channels).mean(axis=1)
     if samples.size == 0:
-        raise InvalidRequest("reference_audio contains no samples", code=REFERENCE_UNREADABLE)
+        raise InvalidRequest("reference_audio contains no samples", code=REFERENCE_UNREADABLE, field=REFERENCE_FIELD)
     return samples.astype(np.float32), rate
 
 

@@ -284,7 +284,10 @@ class RequestFailed(Exception):
     where set, names the failure more precisely than its status does: a
     stage's own (StageError's `code`, UPPER_SNAKE; the HTTP API reports it as
     the error's code and gRPC in trailing metadata) or the daemon's
-    (`audio_limit_exceeded`, HTTP's alone). `retry_after`, where set, is how many
+    (`audio_limit_exceeded`, HTTP's alone). `field`, where set, is the request
+    field the failure is about, as the request names it (StageError's `field`:
+    `voice`, an option's key; gRPC's trailing metadata, the HTTP error's
+    `param`). `retry_after`, where set, is how many
     seconds the client should wait before it retries (HTTP's Retry-After, gRPC's
     `grpc-retry-pushback-ms` trailer): an UNAVAILABLE failure's while a worker
     on its route is restarted.
@@ -299,6 +302,7 @@ class RequestFailed(Exception):
         stage: str = "",
         request_id: str = "",
         code: str = "",
+        field: str = "",
         retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
@@ -307,6 +311,7 @@ class RequestFailed(Exception):
         self.stage = stage
         self.request_id = request_id
         self.code = code
+        self.field = field
         self.retry_after = retry_after
 
     def public_message(self) -> str:

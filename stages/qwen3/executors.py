@@ -164,6 +164,7 @@ class Preprocessing:
                 f"reference_audio is {samples.size / rate:.2f} s long; at least {MIN_REFERENCE_SECONDS:g} s of the "
                 "voice are needed to clone it",
                 code="QWEN3_REFERENCE_TOO_SHORT",
+                field="reference_audio",
             )
         model = loaded.model
 

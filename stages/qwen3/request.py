@@ -1,7 +1,7 @@
 """A synthesis request read for a Qwen3-TTS checkpoint: what it asks for, checked against what the checkpoint can do.
 
 Pure Python (no torch): every refusal is an InvalidRequest whose `code` names
-the reason, raised before any model work, so a request a checkpoint cannot
+the reason and whose `field` the request field at fault, raised before any model work, so a request a checkpoint cannot
 serve costs nothing and says which checkpoint type would serve it.
 """
 
@@ -57,10 +57,10 @@ class Unsupported(InvalidRequest):
 
     code: str
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, field: str) -> None:
         # The code travels beside the text (StageError: gRPC's stagevisor-error-code, the HTTP error's `code`), so
-        # the text does not repeat it.
-        super().__init__(message, code=code)
+        # the text does not repeat it; the field too (stagevisor-error-field, the HTTP error's `param`).
+        super().__init__(message, code=code, field=field)
 
 
 @dataclass(frozen=True)
@@ -203,12 +203,25 @@ def most_frames(defaults: Sampling) -> int:
     return max(MAX_NEW_TOKENS_LIMIT, defaults.max_new_tokens)
 
 
+GREEDY_SWITCHES = (("do_sample", "temperature"), ("subtalker_dosample", "subtalker_temperature"))
+"""Each part's sampling switch and its temperature, which may be 0 only where the switch is off."""
+
+
+def _greedy_field(sampling: Sampling) -> str | None:
+    """The temperature that is 0 where its part samples (it divides by it), or None."""
+    for sample, temperature in GREEDY_SWITCHES:
+        if getattr(sampling, sample) and getattr(sampling, temperature) == 0:
+            return temperature
+    return None
+
+
 def _greedy_only(sampling: Sampling) -> str | None:
     """What is wrong with a temperature of 0 where that part samples (it divides by it), or None."""
-    for sample, temperature in (("do_sample", "temperature"), ("subtalker_dosample", "subtalker_temperature")):
-        if getattr(sampling, sample) and getattr(sampling, temperature) == 0:
-            return f"{temperature!r}: 0 is greedy decoding: set {sample!r} false for it, or give at least 0.001"
-    return None
+    temperature = _greedy_field(sampling)
+    if temperature is None:
+        return None
+    sample = dict((t, s) for s, t in GREEDY_SWITCHES)[temperature]
+    return f"{temperature!r}: 0 is greedy decoding: set {sample!r} false for it, or give at least 0.001"
 
 
 def _sampling(options: Mapping[str, str], defaults: Sampling) -> Sampling:
@@ -219,11 +232,11 @@ def _sampling(options: Mapping[str, str], defaults: Sampling) -> Sampling:
             try:
                 chosen[name] = read(str(options[name]))
             except ValueError as error:
-                raise InvalidRequest(f"option {name!r}: {error}") from None
+                raise InvalidRequest(f"option {name!r}: {error}", field=name) from None
     sampling = Sampling(**chosen)
     problem = _greedy_only(sampling)
     if problem:
-        raise InvalidRequest(f"option {problem}")
+        raise InvalidRequest(f"option {problem}", field=_greedy_field(sampling))
     return sampling
 
 
@@ -232,7 +245,7 @@ def _text_field(request: Mapping[str, Any], options: Mapping[str, str], name: st
     if value is None:
         return None
     if not isinstance(value, str):
-        raise InvalidRequest(f"{name!r} must be a string")
+        raise InvalidRequest(f"{name!r} must be a string", field=name)
     # Blank is absent: a blank transcript would clone in context from a reference said to say nothing.
     return value if value.strip() else None
 
@@ -247,6 +260,7 @@ def _speaker(checkpoint: Checkpoint, voice: str) -> str | None:
             "QWEN3_NO_PRESET_SPEAKERS",
             f"this {checkpoint.kind_name} checkpoint has no preset speakers (voice {voice!r}); {hint}, or serve a "
             "CustomVoice checkpoint",
+            "voice",
         )
     if wanted in DEFAULT_VOICES:
         return checkpoint.speakers[0]
@@ -260,6 +274,7 @@ def _speaker(checkpoint: Checkpoint, voice: str) -> str | None:
         raise Unsupported(
             "QWEN3_UNKNOWN_SPEAKER",
             f"unknown voice {voice!r}; this checkpoint's speakers: {', '.join(checkpoint.speakers)}",
+            "voice",
         )
     return spelled[wanted]
 
@@ -285,25 +300,30 @@ def listed_voices(checkpoint: Checkpoint, sample_rate: int) -> list[dict[str, An
 def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling) -> Qwen3Request:
     """Read one request and check it against the checkpoint; InvalidRequest (coded when unsupported) if unservable."""
     options = request.get("options") or {}
-    if any(name in options for name in SPEED_OPTIONS):
+    speed = next((name for name in SPEED_OPTIONS if name in options), None)
+    if speed is not None:
         raise Unsupported(
             "QWEN3_NO_SPEED",
             "Qwen3-TTS has no speaking-rate control: leave out `speed` (over HTTP, 1.0 is the same), or ask for a "
             "pace in `instructions` on a checkpoint that follows them",
+            speed,
         )
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise InvalidRequest(f"unknown option(s) {unknown} for Qwen3-TTS; accepted: {', '.join(OPTIONS)}")
+        raise InvalidRequest(
+            f"unknown option(s) {unknown} for Qwen3-TTS; accepted: {', '.join(OPTIONS)}", field=unknown[0]
+        )
     text = request.get("text")
     if not isinstance(text, str) or not text.strip():
-        raise InvalidRequest("text is empty; give the text to speak")
+        raise InvalidRequest("text is empty; give the text to speak", field="text")
     if len(text) > MAX_TEXT_CHARS:
-        raise InvalidRequest(f"text is {len(text)} characters; at most {MAX_TEXT_CHARS} are accepted")
+        raise InvalidRequest(f"text is {len(text)} characters; at most {MAX_TEXT_CHARS} are accepted", field="text")
     language = (_text_field(request, options, "language") or "auto").strip().lower()
     if language not in checkpoint.languages:
         raise Unsupported(
             "QWEN3_UNKNOWN_LANGUAGE",
             f"unsupported language {language!r}; this checkpoint speaks: {', '.join(checkpoint.languages)}",
+            "language",
         )
     instructions = _text_field(request, options, "instructions")
     if instructions is not None:
@@ -312,10 +332,12 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
                 "QWEN3_NO_INSTRUCTIONS",
                 f"this {checkpoint.kind_name} checkpoint (size {checkpoint.size or '?'}) does not follow "
                 "`instructions`; serve a VoiceDesign or a 1.7B CustomVoice checkpoint",
+                "instructions",
             )
         if len(instructions) > MAX_INSTRUCTION_CHARS:
             raise InvalidRequest(
-                f"instructions has {len(instructions)} characters; at most {MAX_INSTRUCTION_CHARS}, as the text"
+                f"instructions has {len(instructions)} characters; at most {MAX_INSTRUCTION_CHARS}, as the text",
+                field="instructions",
             )
     reference = request.get("reference_audio") or None
     transcript = _text_field(request, options, "reference_transcript")
@@ -324,20 +346,22 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
             "QWEN3_NO_CLONING",
             f"this {checkpoint.kind_name} checkpoint cannot clone a voice from reference_audio; "
             "serve a Base checkpoint",
+            "reference_audio",
         )
     if checkpoint.clones and reference is None:
-        raise Unsupported("QWEN3_NEEDS_REFERENCE", NEEDS_REFERENCE)
+        raise Unsupported("QWEN3_NEEDS_REFERENCE", NEEDS_REFERENCE, "reference_audio")
     if transcript is not None and reference is None:  # only a checkpoint that cannot clone gets here (see above)
         raise Unsupported(
             "QWEN3_NO_CLONING",
             f"this {checkpoint.kind_name} checkpoint cannot clone a voice, so it takes no reference_transcript "
             "(the transcript of a reference_audio): drop it, or serve a Base checkpoint",
+            "reference_transcript",
         )
     seed = request.get("seed") if request.get("seed") is not None else options.get("seed")
     try:
         seed_value = None if seed is None else _ranged(_whole, 0, MAX_SEED)(str(seed))
     except ValueError as error:
-        raise InvalidRequest(f"option 'seed': {error}") from None
+        raise InvalidRequest(f"option 'seed': {error}", field="seed") from None
     return Qwen3Request(
         text=text,
         language=language,

@@ -248,20 +248,22 @@ class EdgeStats(_message.Message):
     def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., transport: _Optional[str] = ..., handoffs: _Optional[int] = ..., chunks: _Optional[int] = ..., bytes: _Optional[int] = ..., latency_count: _Optional[int] = ..., latency_sum: _Optional[float] = ..., latency_buckets: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Failure(_message.Message):
-    __slots__ = ("stage", "code", "message", "client_message", "error_type", "client_code")
+    __slots__ = ("stage", "code", "message", "client_message", "error_type", "client_code", "client_field")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ERROR_TYPE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_CODE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_FIELD_FIELD_NUMBER: _ClassVar[int]
     stage: str
     code: FailureCode
     message: str
     client_message: str
     error_type: str
     client_code: str
-    def __init__(self, stage: _Optional[str] = ..., code: _Optional[_Union[FailureCode, str]] = ..., message: _Optional[str] = ..., client_message: _Optional[str] = ..., error_type: _Optional[str] = ..., client_code: _Optional[str] = ...) -> None: ...
+    client_field: str
+    def __init__(self, stage: _Optional[str] = ..., code: _Optional[_Union[FailureCode, str]] = ..., message: _Optional[str] = ..., client_message: _Optional[str] = ..., error_type: _Optional[str] = ..., client_code: _Optional[str] = ..., client_field: _Optional[str] = ...) -> None: ...
 
 class KeepAlive(_message.Message):
     __slots__ = ()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Any, Sequence
 
-from stagevisor.stages.base import is_error_code
+from stagevisor.stages.base import is_error_code, is_field_name
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.errors import UNEXPECTED_ADVICE, clipped
 
@@ -61,6 +61,13 @@ def public_code(failure: Any) -> str:
     gave none or the frame carries anything but such a code (a worker is trusted no further than its text)."""
     code = failure.client_code
     return code if is_error_code(code) else ""
+
+
+def public_field(failure: Any) -> str:
+    """The request field a client is told a worker's Failure is about: the StageError's own `field`, or "" when it
+    named none or the frame carries anything but a field name."""
+    field = failure.client_field
+    return field if is_field_name(field) else ""
 
 
 def _stages_are(stages: Sequence[str]) -> str:

@@ -23,6 +23,7 @@ from stagevisor.supervisor.dataplane.client_failures import (
     MAX_ECHOED_CHARS,
     STAGE_FAILURE_LOGGED,
     public_code,
+    public_field,
     public_failure,
 )
 from stagevisor.supervisor.dataplane.codec import Codec
@@ -406,7 +407,7 @@ class Gateway(InFlight):
                     clipped(failure.message),
                     extra=promised(frame.request_id),
                 )
-            if handle.fail(status, message, failure.stage, code=public_code(failure)):
+            if handle.fail(status, message, failure.stage, code=public_code(failure), field=public_field(failure)):
                 self.cancel_everywhere(frame.request_id, clipped(failure.message, MAX_ECHOED_CHARS))
         elif body in ("submit", "end"):
             discard_shared(frame.submit.request if body == "submit" else frame.end.data, link)

@@ -92,16 +92,16 @@ class RequestHandle:
             return True
         return False
 
-    def fail(self, status: str, message: str, stage: str = "", *, code: str = "") -> bool:
-        """End the request with RequestFailed (the gateway's), `code` the stage's own; False when it had already
-        ended."""
+    def fail(self, status: str, message: str, stage: str = "", *, code: str = "", field: str = "") -> bool:
+        """End the request with RequestFailed (the gateway's), `code` the stage's own and `field` the request field
+        it names; False when it had already ended."""
         if self.ended:
             return False
         self.ended = True
         # A worker on the route went down (or stopped): the client retries once it is expected back.
         retry_after = self._gateway.retry_after_unavailable() if status == "UNAVAILABLE" else None
         failed = RequestFailed(
-            status, message, stage=stage, request_id=self.request_id, code=code, retry_after=retry_after
+            status, message, stage=stage, request_id=self.request_id, code=code, field=field, retry_after=retry_after
         )
         self._put(("error", failed, None))
         return True

@@ -86,6 +86,7 @@ class Fail(Protocol):
         client_message: str = "",
         error_type: str = "",
         client_code: str = "",
+        client_field: str = "",
     ) -> None: ...
 
 

@@ -187,11 +187,12 @@ class StageRuntime:
         client_message: str = "",
         error_type: str = "",
         client_code: str = "",
+        client_field: str = "",
     ) -> None:
         """Fail the request at the gateway: `message` for the daemon log, `client_message` (if any) for the client.
 
         `error_type` is an unexpected exception's class, the one thing of it the client learns; `client_code` a
-        StageError's own code."""
+        StageError's own code, `client_field` the request field it names."""
         if state.failed or state.cancelled:
             return
         state.failed = True
@@ -208,6 +209,7 @@ class StageRuntime:
                     client_message=client_message,
                     error_type=error_type,
                     client_code=client_code,
+                    client_field=client_field,
                 ),
             ),
         )

@@ -20,7 +20,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Mapping
 
-from stagevisor.stages.base import InvalidRequest, StageError, StagePayload, is_error_code
+from stagevisor.stages.base import InvalidRequest, StageError, StagePayload, is_error_code, is_field_name
 from stagevisor.supervisor._proto import dataplane_pb2 as pb
 from stagevisor.supervisor.dataplane.invocation import Invocation, Streams, cancelled_from_outside
 from stagevisor.supervisor.dataplane.request_state import Fail, RequestState
@@ -50,6 +50,12 @@ def _error_code(error: StageError) -> str:
     or never call StageError.__init__, so it is checked again."""
     code: object = error.code
     return code if is_error_code(code) else ""
+
+
+def _error_field(error: StageError) -> str:
+    """A StageError's `field` for a Failure, or "": checked again, as its code is (`_error_code`)."""
+    field: object = getattr(error, "field", None)
+    return field if is_field_name(field) else ""
 
 
 SendOutputs = Callable[[Invocation, Routing, "dict[str, Any]", float, bool], Awaitable[None]]
@@ -184,6 +190,7 @@ class StageCalls:
                         text,
                         client_message=text,
                         client_code=_error_code(error),
+                        client_field=_error_field(error),
                     )
                     return
                 except StageError as error:  # its text is written for the client (stages/README.md)
@@ -198,6 +205,7 @@ class StageCalls:
                         f"stage '{inv.stage}' failed: {text or type(error).__name__}",
                         client_message=text,
                         client_code=_error_code(error),
+                        client_field=_error_field(error),
                     )
                     return
                 except (KeyboardInterrupt, SystemExit) as error:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Protoco
 import grpc
 import numpy as np
 
-from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS, is_error_code
+from stagevisor.stages.base import DEFAULT_MAX_TEXT_CHARS, is_error_code, is_field_name
 from stagevisor.supervisor._proto import synthesis_pb2 as spb
 from stagevisor.supervisor._proto import synthesis_pb2_grpc as sgrpc
 from stagevisor.supervisor.dataplane.admission import AdmissionRejected
@@ -325,18 +325,23 @@ def _client_ended(context: grpc.aio.ServicerContext) -> str:
 
 ERROR_CODE_KEY = "stagevisor-error-code"
 """The trailing metadata key of a failing stage's own code (StageError's `code`), beside the status."""
+ERROR_FIELD_KEY = "stagevisor-error-field"
+"""The trailing metadata key of the request field a failing stage's refusal is about (StageError's `field`)."""
 
 
 def failure_metadata(failure: Any) -> tuple[tuple[str, str], ...]:
     """Trailing metadata of a failed call: the request id (for the operator's log), the failing stage, the
-    stage's own code, and gRPC's retry pushback where the failure says when to retry (as admission's refusals
-    while starting do). The daemon's own codes (audio_limit_exceeded) are the HTTP API's and stay out of it."""
+    stage's own code and the request field it names, and gRPC's retry pushback where the failure says when to
+    retry (as admission's refusals while starting do). The daemon's own codes (audio_limit_exceeded) are the HTTP
+    API's and stay out of it."""
     code = failure.code if is_error_code(failure.code) else ""
+    field = failure.field if is_field_name(failure.field) else ""
     pushback = str(failure.retry_after * 1000) if failure.retry_after is not None else ""
     pairs = [
         ("stagevisor-request-id", failure.request_id),
         ("stagevisor-stage", failure.stage),
         (ERROR_CODE_KEY, code),
+        (ERROR_FIELD_KEY, field),
         ("grpc-retry-pushback-ms", pushback),
     ]
     return tuple((key, value) for key, value in pairs if value)

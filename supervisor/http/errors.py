@@ -32,6 +32,10 @@ FAILURE_CODES = {AUDIO_LIMIT_EXCEEDED: (400, "invalid_request_error")}
 same text makes the same audio again: HTTP reports the request's fault (400), not a rate limit (429), which
 OpenAI's SDKs retry on their own and a WebSocket closes as "try again later"."""
 
+HTTP_PARAM = {"text": "input", "reference_transcript": "ref_text", "reference_audio": "ref_audio"}
+"""The HTTP name of a request field an error names (InvalidSynthesisRequest.field, RequestFailed.field: the gRPC
+request's names); `voice`, `instructions`, `language`, `seed` and an option's key keep theirs."""
+
 
 class ApiError(Exception):
     """An error the client gets as OpenAI's envelope; `status` is the HTTP status."""
@@ -70,14 +74,17 @@ class ApiError(Exception):
     def from_failure(cls, error: RequestFailed) -> "ApiError":
         """A request's failure, its message with the request id (and the id as `X-Request-Id`, as an audio answer
         carries it); by its code where FAILURE_CODES names it. The failing stage's own code (`QWEN3_UNKNOWN_SPEAKER`)
-        is the envelope's `code`, the status's name where it gave none. Its `retry_after` is the `Retry-After`."""
+        is the envelope's `code`, the status's name where it gave none; the request field it names (`voice`) the
+        envelope's `param`, in the HTTP API's name for it. Its `retry_after` is the `Retry-After`."""
         headers = {"X-Request-Id": error.request_id} if error.request_id else {}
         if error.retry_after is not None:  # a worker on its route is being restarted
             headers["Retry-After"] = str(error.retry_after)
         if error.code in FAILURE_CODES:
             http, kind = FAILURE_CODES[error.code]
             return cls(http, error.public_message(), type=kind, code=error.code, headers=headers)
-        return cls.from_status(error.status, error.public_message(), code=error.code or None, headers=headers)
+        refused = cls.from_status(error.status, error.public_message(), code=error.code or None, headers=headers)
+        refused.param = HTTP_PARAM.get(error.field, error.field) or None
+        return refused
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

@@ -17,7 +17,7 @@ from stagevisor.supervisor.dataplane.synthesis import MAX_TEXT_CHARS, validate_r
 from stagevisor.supervisor.dataplane.limits import CONTROL_CHARACTER, InvalidSynthesisRequest
 from stagevisor.supervisor.http.audio import FORMATS
 from stagevisor.supervisor.errors import shown
-from stagevisor.supervisor.http.errors import ApiError
+from stagevisor.supervisor.http.errors import HTTP_PARAM, ApiError
 from stagevisor.supervisor.http.fields import choice_field, given_fields, json_type, number_field, string_field
 from stagevisor.supervisor.config.voices import declared_names, declared_spelling
 from stagevisor.supervisor.http.names import PCM_SAMPLE_RATE
@@ -26,9 +26,6 @@ from stagevisor.supervisor.http.reference import BadReference, decode_base64_aud
 from stagevisor.supervisor.http.voices import StoredVoice, UnreadableVoice
 from stagevisor.models.registry import names_hub_id
 
-HTTP_PARAM = {"text": "input", "reference_transcript": "ref_text", "reference_audio": "ref_audio"}
-"""The HTTP name of a service-level check's field (InvalidSynthesisRequest.field); `voice` and an option's key
-keep theirs."""
 SPEED_RANGE = (0.25, 4.0)
 SAMPLE_RATE_RANGE = (8000, 48000)
 STREAM_FORMATS = ("audio", "sse")

@@ -31,7 +31,6 @@ from stagevisor.supervisor.http.audio import MEDIA_TYPES, Encoder, Resampler, ma
 from stagevisor.supervisor.http.errors import STATUS_FOR, ApiError
 from stagevisor.supervisor.http.request import SpeechRequest, to_payload
 from stagevisor.supervisor.metrics.registry import RequestMeter
-from stagevisor.stages.base import NOTHING_SPEAKABLE
 
 log = logging.getLogger("stagevisor.http")
 
@@ -217,10 +216,8 @@ async def open_speech(
             handle.close()
             finish(meter, error.status)
             api_error = ApiError.from_failure(error)
-            # An executor that rejects an option names it: point `param` at that field.
-            api_error.param = next((key for key in speech.options if repr(key) in error.message), None)
-            if error.code == NOTHING_SPEAKABLE:  # punctuation alone, or a script the voice has no sounds for
-                api_error.param = "input"
+            if api_error.param is None:  # the stage named no field: an option its message names is the one at fault
+                api_error.param = next((key for key in speech.options if repr(key) in error.message), None)
             raise api_error from None
         except BaseException:
             handle.close()

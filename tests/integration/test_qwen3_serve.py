@@ -181,17 +181,55 @@ def test_the_http_api_refuses_a_speed_itself_naming_the_field_and_does_not_list_
     assert (event["type"], event["error"]["param"], event["error"]["code"]) == ("error", "speed", "invalid_value")
 
 
-def test_a_base_checkpoint_clones_the_reference_voice(tmp_path):
-    from stagevisor.stages.qwen3.executors import reference_wav
-    from stagevisor.stages.reference import decode_reference_wav
+@pytest.fixture(scope="module")
+def base_daemon(tmp_path_factory):
     from tests.qwen3_tiny import build
 
-    directory = str(build(tmp_path / "base", "base"))
+    directory = str(build(tmp_path_factory.mktemp("qwen3") / "base", "base"))
+    with ServeProcess("--model-path", directory, "--http", "127.0.0.1:0") as daemon:
+        daemon.wait_serving(timeout=600)
+        yield directory, daemon
+
+
+def test_a_base_checkpoint_clones_the_reference_voice(base_daemon):
+    from stagevisor.stages.qwen3.executors import reference_wav
+    from stagevisor.stages.reference import decode_reference_wav
+
+    directory, daemon = base_daemon
     rng = np.random.default_rng(9)
     wav = reference_wav((0.2 * rng.standard_normal(16000 * 2)).astype(np.float32), 16000)
-    with ServeProcess("--model-path", directory) as daemon:
-        daemon.wait_serving(timeout=600)
-        pcm, _, _ = call(daemon.listen, reference_audio=wav, reference_transcript=TRANSCRIPT)
+    pcm, _, _ = call(daemon.listen, reference_audio=wav, reference_transcript=TRANSCRIPT)
     expected = package_pcm(directory, ref_audio=decode_reference_wav(wav), ref_text=TRANSCRIPT)
     assert pcm.shape == expected.shape
     assert np.abs(pcm.astype(np.int32) - expected).max() <= PCM_BOUND
+
+
+def test_a_stages_refusal_names_the_field_it_is_about_over_http_websocket_and_grpc(base_daemon):
+    """Before: a stage's refusal came back over HTTP with `"param": null` (the field travelled nowhere), where the
+    HTTP layer's own refusals name theirs: a Base checkpoint asked to speak without reference audio, or to follow
+    `instructions`, said what to send, but not in `param`."""
+    import json
+
+    import grpc
+    from websockets.sync.client import connect
+
+    _, daemon = base_daemon
+    url = daemon.http_url()
+    speech = {"model": "qwen3-tts", "input": TEXT, "response_format": "pcm", "max_new_tokens": 4}
+    status, error, _ = http_json(f"{url}/v1/audio/speech", speech)
+    assert (status, error["error"]["param"], error["error"]["code"]) == (400, "ref_audio", "QWEN3_NEEDS_REFERENCE")
+    status, error, _ = http_json(f"{url}/v1/audio/speech", {**speech, "instructions": "Whisper."})
+    assert (status, error["error"]["param"], error["error"]["code"]) == (400, "instructions", "QWEN3_NO_INSTRUCTIONS")
+    with connect(url.replace("http://", "ws://") + "/v1/audio/speech/stream", open_timeout=30, proxy=None) as ws:
+        ws.send(json.dumps({"type": "start", "max_new_tokens": 4}))
+        ws.send(json.dumps({"type": "text", "text": "Hello there."}))
+        ws.send(json.dumps({"type": "end"}))
+        event = json.loads(ws.recv(timeout=120))
+    assert (event["type"], event["error"]["param"]) == ("error", "ref_audio")
+    with pytest.raises(grpc.RpcError) as caught:
+        call(daemon.listen)
+    trailers = dict(caught.value.trailing_metadata() or ())
+    assert (trailers["stagevisor-error-code"], trailers["stagevisor-error-field"]) == (
+        "QWEN3_NEEDS_REFERENCE",
+        "reference_audio",
+    )

@@ -14,7 +14,7 @@ from stagevisor.supervisor.dataplane.limits import AUDIO_LIMIT_EXCEEDED, LimitEx
 from stagevisor.supervisor.dataplane.link.frames import frame_bytes, parse_batch
 from stagevisor.supervisor.dataplane.request_handle import RequestHandle
 from stagevisor.supervisor.dataplane.routing import SINK
-from stagevisor.supervisor.dataplane.synthesis import ERROR_CODE_KEY, failure_metadata
+from stagevisor.supervisor.dataplane.synthesis import ERROR_CODE_KEY, ERROR_FIELD_KEY, failure_metadata
 from stagevisor.supervisor.errors import RequestFailed
 from stagevisor.supervisor.placement.request import PlacementRequest, plan_placement
 from tests.fakes import poll_until
@@ -139,3 +139,38 @@ def test_grpc_trailing_metadata_has_no_code_where_no_stage_gave_one():
     # The audio cap's code is the HTTP API's (a 400 there); gRPC says RESOURCE_EXHAUSTED as it always did.
     limited = LimitExceeded("RESOURCE_EXHAUSTED", "too long", code=AUDIO_LIMIT_EXCEEDED)
     assert ERROR_CODE_KEY not in dict(failure_metadata(limited))
+
+
+def test_the_field_a_stage_error_names_travels_in_its_failure_frame():
+    failure = failure_sent(InvalidRequest("voice 'x' is not loaded", code="ENGINE_UNKNOWN_VOICE", field="voice"))
+    assert (failure.client_code, failure.client_field) == ("ENGINE_UNKNOWN_VOICE", "voice")
+    assert failure_sent(StageError("busy")).client_field == ""
+
+
+class LateField(InvalidRequest):
+    """A stage's own subclass that sets `field` itself, after StageError checked it."""
+
+    def __init__(self, field: object) -> None:
+        Exception.__init__(self, "refused")
+        self.field = field  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("field", ["", "a b", "x\ny", "9" * 65, 3])
+def test_a_field_a_subclass_set_unchecked_is_dropped_by_the_worker(field):
+    assert failure_sent(LateField(field)).client_field == ""
+
+
+def test_the_gateway_passes_the_stages_field_to_the_client_and_drops_what_is_no_field_name(tmp_path):
+    named = pb.Failure(stage="engine", code=pb.FAILURE_CODE_INVALID_ARGUMENT, client_message="no", client_field="voice")
+    assert failed_at_gateway(tmp_path, named).field == "voice"
+    garbled = pb.Failure(
+        stage="engine", code=pb.FAILURE_CODE_INVALID_ARGUMENT, client_message="no", client_field="a\nb"
+    )
+    assert failed_at_gateway(tmp_path, garbled).field == ""
+
+
+def test_grpc_trailing_metadata_carries_the_field_the_stage_names():
+    failed = RequestFailed("INVALID_ARGUMENT", "no", stage="engine", request_id="ab12", code="X_Y", field="voice")
+    assert dict(failure_metadata(failed))[ERROR_FIELD_KEY] == "voice"
+    assert ERROR_FIELD_KEY == "stagevisor-error-field"
+    assert ERROR_FIELD_KEY not in dict(failure_metadata(RequestFailed("INVALID_ARGUMENT", "no", request_id="ab12")))

@@ -860,3 +860,22 @@ def test_a_request_failed_by_a_worker_going_down_carries_retry_after_as_starting
         error = api_error(gateway, speech(), Meter())
         assert (error.status, error.code) == (503, "unavailable")
         assert error.headers == {"X-Request-Id": "r-4", "Retry-After": "3"}
+
+
+@pytest.mark.parametrize(
+    "field, param",
+    [("voice", "voice"), ("instructions", "instructions"), ("reference_audio", "ref_audio"), ("text", "input")],
+)
+def test_the_field_a_stage_names_is_the_errors_param_in_the_http_apis_name_for_it(field, param):
+    """Before: `param` was null for every stage refusal but one whose message quoted an option's key."""
+    failure = RequestFailed("INVALID_ARGUMENT", "no", request_id="r-5", code="QWEN3_X", field=field)
+    error = api_error(ScriptedGateway(ScriptedHandle([], failure)), speech(options={"top_k": "5"}), Meter())
+    assert (error.status, error.param, error.code) == (400, param, "QWEN3_X")
+
+
+def test_the_field_a_stage_names_reaches_the_sse_error_event():
+    handle = ScriptedHandle([audio_chunk(10)], RequestFailed("INVALID_ARGUMENT", "no", code="X_Y", field="voice"))
+    with client_for(ScriptedGateway(handle), speech(stream_format="sse")) as client:
+        response = client.post("/speech")
+    error = events(response.content)[-1]["error"]
+    assert (error["param"], error["code"]) == ("voice", "X_Y")

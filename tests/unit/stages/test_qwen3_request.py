@@ -226,20 +226,26 @@ def test_a_blank_transcript_or_instruction_counts_as_none():
 
 
 @pytest.mark.parametrize(
-    "kind, size, request_fields, code",
+    "kind, size, request_fields, code, field",
     [
-        ("custom_voice", "1b7", {"voice": "alloy"}, "QWEN3_UNKNOWN_SPEAKER"),
-        ("voice_design", "1b7", {"voice": "alloy"}, "QWEN3_NO_PRESET_SPEAKERS"),
-        ("custom_voice", "1b7", {"options": {"speed": "0.5"}}, "QWEN3_NO_SPEED"),
-        ("custom_voice", "0b6", {"instructions": "Whisper."}, "QWEN3_NO_INSTRUCTIONS"),
-        ("custom_voice", "1b7", {"reference_audio": b"RIFF"}, "QWEN3_NO_CLONING"),
-        ("base", "1b7", {}, "QWEN3_NEEDS_REFERENCE"),
+        ("custom_voice", "1b7", {"voice": "alloy"}, "QWEN3_UNKNOWN_SPEAKER", "voice"),
+        ("voice_design", "1b7", {"voice": "alloy"}, "QWEN3_NO_PRESET_SPEAKERS", "voice"),
+        ("custom_voice", "1b7", {"options": {"speed": "0.5"}}, "QWEN3_NO_SPEED", "speed"),
+        ("custom_voice", "1b7", {"options": {"length_scale": "2"}}, "QWEN3_NO_SPEED", "length_scale"),
+        ("custom_voice", "0b6", {"instructions": "Whisper."}, "QWEN3_NO_INSTRUCTIONS", "instructions"),
+        ("custom_voice", "1b7", {"language": "klingon"}, "QWEN3_UNKNOWN_LANGUAGE", "language"),
+        ("custom_voice", "1b7", {"reference_audio": b"RIFF"}, "QWEN3_NO_CLONING", "reference_audio"),
+        ("voice_design", "1b7", {"reference_transcript": "Hi."}, "QWEN3_NO_CLONING", "reference_transcript"),
+        ("base", "1b7", {}, "QWEN3_NEEDS_REFERENCE", "reference_audio"),
     ],
 )
-def test_each_refusal_reaches_the_gateway_with_its_code_apart_from_its_text(kind, size, request_fields, code):
+def test_each_refusal_reaches_the_gateway_with_its_code_and_field_apart_from_its_text(
+    kind, size, request_fields, code, field
+):
     """The code was only inside the text (`QWEN3_UNKNOWN_SPEAKER: unknown voice ...`): the worker's Failure frame
     carried no code, so no client could read one but by parsing the message. Once it travelled apart, the text still
-    began with it, and a client read it twice (`rejected the request: QWEN3_NO_SPEED: Qwen3-TTS has no ...`)."""
+    began with it, and a client read it twice (`rejected the request: QWEN3_NO_SPEED: Qwen3-TTS has no ...`). The
+    field it is about did not travel at all: over HTTP, `param` was null."""
     import asyncio
 
     from tests.fakes import poll_until
@@ -257,6 +263,7 @@ def test_each_refusal_reaches_the_gateway_with_its_code_apart_from_its_text(kind
 
     failure = asyncio.run(scenario())
     assert failure.client_code == code and code not in failure.client_message
+    assert failure.client_field == field
     assert failure.client_message == str(refusal(kind, size, **request_fields))
 
 
@@ -290,3 +297,26 @@ def test_a_base_checkpoints_one_voice_is_listed_as_not_usable_saying_why_as_its_
     assert [v["id"] for v in listed_voices(checkpoint("custom_voice"), 24000)] == ["ryan", "vivian"]
     (design,) = listed_voices(checkpoint("voice_design"), 24000)
     assert "usable" not in design and design["id"] == "default"
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"top_k": "many"}, "top_k"),
+        ({"temperature": "0"}, "temperature"),
+        ({"subtalker_temperature": "0"}, "subtalker_temperature"),
+        ({"seed": "-1"}, "seed"),
+        ({"max_new_tokens": "1"}, "max_new_tokens"),
+        ({"volume": "2", "pitch": "1"}, "pitch"),
+    ],
+)
+def test_a_refused_option_is_named_as_the_field_at_fault(options, field):
+    with pytest.raises(InvalidRequest) as caught:
+        read("custom_voice", options=options)
+    assert caught.value.field == field
+
+
+def test_an_empty_text_names_the_text_field():
+    with pytest.raises(InvalidRequest) as caught:
+        read("custom_voice", text=" ")
+    assert caught.value.field == "text"

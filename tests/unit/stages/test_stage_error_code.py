@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from stagevisor.stages.base import MAX_ERROR_CODE_CHARS, InvalidRequest, StageError, is_error_code
+from stagevisor.stages.base import MAX_ERROR_CODE_CHARS, InvalidRequest, StageError, is_error_code, is_field_name
 
 
 @pytest.mark.parametrize("code", ["X", "X_Y", "QWEN3_UNKNOWN_SPEAKER", "A" * MAX_ERROR_CODE_CHARS, "V2_0"])
@@ -35,3 +35,22 @@ def test_anything_else_is_refused_when_the_stage_raises_it(code):
 def test_the_code_survives_pickling_as_the_error_does():
     error = pickle.loads(pickle.dumps(InvalidRequest("bad option", code="X_Y")))
     assert (type(error), error.code, str(error)) == (InvalidRequest, "X_Y", "bad option")
+
+
+@pytest.mark.parametrize("field", ["voice", "reference_audio", "top_k", "_x", "noise.w", "a-b", "x" * 64])
+def test_the_request_field_a_refusal_is_about_is_kept_beside_its_code(field):
+    error = InvalidRequest("no such voice", code="X_Y", field=field)
+    assert (error.field, error.code, str(error)) == (field, "X_Y", "no such voice")
+    assert StageError("busy").field is None
+
+
+@pytest.mark.parametrize("field", ["", "a b", "9x", "x\n", "x" * 65, "é", 7])
+def test_a_field_that_is_no_request_fields_name_is_refused_when_the_stage_raises_it(field):
+    with pytest.raises(ValueError, match=r"must name a request field.*got"):
+        InvalidRequest("text", field=field)
+    assert not is_field_name(field)
+
+
+def test_the_field_survives_pickling_as_the_code_does():
+    error = pickle.loads(pickle.dumps(InvalidRequest("bad option", code="X_Y", field="top_k")))
+    assert (error.field, error.code) == ("top_k", "X_Y")
