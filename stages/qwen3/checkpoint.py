@@ -149,6 +149,17 @@ def read_config(directory: Path) -> dict[str, Any]:
     return data
 
 
+def config_mismatch(directory: Path | str, why: str) -> CheckpointError:
+    """QWEN3_BAD_CHECKPOINT for a config.json the package cannot build the model of its weights from, `why` saying
+    what is wrong: found when the weights load (the loader's exception) or, where config.json alone shows it (no
+    talker_config, from which the package would build a talker of its own default sizes), before anything loads."""
+    return CheckpointError(
+        "QWEN3_BAD_CHECKPOINT",
+        f"{str(Path(directory) / 'config.json')!r} does not describe a model its weights load into ({why}); "
+        "restore the checkpoint's own config.json",
+    )
+
+
 def _typed(config: Mapping[str, Any], name: str, kind: type, directory: Path, where: str = "") -> Any:
     """`config[name]` (an empty `kind` when absent or null); CheckpointError when it is of another JSON type."""
     value = config.get(name)
@@ -202,6 +213,8 @@ def describe(directory: Path) -> Checkpoint:
             f"{str(directory)!r} lacks its text tokenizer (tokenizer.json, or vocab.json and merges.txt); "
             "the checkpoint is incomplete",
         )
+    if config.get("talker_config") is None:
+        raise config_mismatch(directory, "it has no talker_config")
     talker = _typed(config, "talker_config", dict, directory)
     language_ids = _typed(talker, "codec_language_id", dict, directory, "talker_config.")
     languages = ("auto", *(name for name in language_ids if "dialect" not in name))

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 import torch
 
-from stagevisor.stages.qwen3.checkpoint import Checkpoint, CheckpointError, read_config
+from stagevisor.stages.qwen3.checkpoint import Checkpoint, CheckpointError, config_mismatch, read_config
 from stagevisor.stages.qwen3.package import import_qwen_tts
 from stagevisor.stages.qwen3.steps import Talker, own_loop_refusal
 
@@ -121,11 +121,7 @@ def _weights_of(directory: Path | str) -> Iterator[None]:
     except (AttributeError, KeyError, TypeError, RuntimeError) as error:
         if isinstance(error, RuntimeError) and "size mismatch" not in str(error):
             raise
-        raise CheckpointError(
-            "QWEN3_BAD_CHECKPOINT",
-            f"{str(Path(directory) / 'config.json')!r} does not describe a model its weights load into "
-            f"({type(error).__name__}: {str(error)[:300]}); restore the checkpoint's own config.json",
-        ) from None
+        raise config_mismatch(directory, f"{type(error).__name__}: {str(error)[:300]}") from None
 
 
 def load_model(checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype) -> LoadedModel:

@@ -212,3 +212,26 @@ def test_a_config_without_a_tokenizer_type_says_so_not_that_it_uses_tokenizer_no
         describe(tmp_path)
     assert caught.value.code == "QWEN3_BAD_CHECKPOINT"
     assert "names no tokenizer_type" in str(caught.value) and "None" not in str(caught.value)
+
+
+@pytest.mark.parametrize("talker", ["absent", None])
+def test_a_config_without_a_talker_config_is_a_bad_checkpoint_before_anything_loads(tmp_path, talker):
+    """Before: described as a checkpoint with no speakers and only `auto`, so `plan` and `check` passed it and only
+    the start refused it, once the package had built a talker of its default sizes and its weights did not fit."""
+    import json
+
+    write_checkpoint(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    if talker == "absent":
+        del config["talker_config"]
+    else:
+        config["talker_config"] = talker
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as caught:
+        describe(tmp_path)
+    assert caught.value.code == "QWEN3_BAD_CHECKPOINT"
+    assert str(caught.value) == (
+        f"QWEN3_BAD_CHECKPOINT: {str(tmp_path / 'config.json')!r} does not describe a model its weights load into "
+        "(it has no talker_config); restore the checkpoint's own config.json"
+    )
+    assert checkpoint_module.requirements(str(tmp_path)) == [str(caught.value)]
