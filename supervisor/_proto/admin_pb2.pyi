@@ -61,7 +61,7 @@ class ScaleGroupResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., old_replicas: _Optional[int] = ..., new_replicas: _Optional[int] = ..., workers: _Optional[_Iterable[str]] = ..., pids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReplicaWorker(_message.Message):
-    __slots__ = ("name", "replica", "gpu", "pid", "state", "restarts", "started_at", "physical_gpu", "device", "resources", "host", "node_id", "node")
+    __slots__ = ("name", "replica", "gpu", "pid", "state", "restarts", "started_at", "physical_gpu", "device", "resources", "host", "node_id", "node", "silent_s")
     NAME_FIELD_NUMBER: _ClassVar[int]
     REPLICA_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class ReplicaWorker(_message.Message):
     HOST_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    SILENT_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     replica: int
     gpu: int
@@ -88,14 +89,15 @@ class ReplicaWorker(_message.Message):
     host: str
     node_id: str
     node: str
-    def __init__(self, name: _Optional[str] = ..., replica: _Optional[int] = ..., gpu: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., host: _Optional[str] = ..., node_id: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+    silent_s: float
+    def __init__(self, name: _Optional[str] = ..., replica: _Optional[int] = ..., gpu: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., host: _Optional[str] = ..., node_id: _Optional[str] = ..., node: _Optional[str] = ..., silent_s: _Optional[float] = ...) -> None: ...
 
 class GetTopologyRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ProcessGroup(_message.Message):
-    __slots__ = ("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device", "resources", "replicas", "workers", "node", "host", "node_id", "autoscale")
+    __slots__ = ("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device", "resources", "replicas", "workers", "node", "host", "node_id", "autoscale", "silent_s")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STAGES_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +117,7 @@ class ProcessGroup(_message.Message):
     HOST_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     AUTOSCALE_FIELD_NUMBER: _ClassVar[int]
+    SILENT_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     stages: _containers.RepeatedScalarFieldContainer[str]
     gpu: int
@@ -134,7 +137,8 @@ class ProcessGroup(_message.Message):
     host: str
     node_id: str
     autoscale: AutoscaleBounds
-    def __init__(self, name: _Optional[str] = ..., stages: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., fraction_enforced: _Optional[bool] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., replicas: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[ReplicaWorker, _Mapping]]] = ..., node: _Optional[str] = ..., host: _Optional[str] = ..., node_id: _Optional[str] = ..., autoscale: _Optional[_Union[AutoscaleBounds, _Mapping]] = ...) -> None: ...
+    silent_s: float
+    def __init__(self, name: _Optional[str] = ..., stages: _Optional[_Iterable[str]] = ..., gpu: _Optional[int] = ..., total_gpu_memory_fraction: _Optional[float] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., restarts: _Optional[int] = ..., started_at: _Optional[float] = ..., fraction_enforced: _Optional[bool] = ..., physical_gpu: _Optional[str] = ..., device: _Optional[str] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., replicas: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[ReplicaWorker, _Mapping]]] = ..., node: _Optional[str] = ..., host: _Optional[str] = ..., node_id: _Optional[str] = ..., autoscale: _Optional[_Union[AutoscaleBounds, _Mapping]] = ..., silent_s: _Optional[float] = ...) -> None: ...
 
 class AutoscaleBounds(_message.Message):
     __slots__ = ("min_replicas", "max_replicas", "target_first_audio_p90_seconds", "target_stall_p90_seconds", "max_in_flight_per_replica", "scale_down_ratio", "scale_up_cooldown_seconds", "scale_down_cooldown_seconds", "window_seconds")
@@ -286,7 +290,7 @@ class RootCause(_message.Message):
     def __init__(self, group: _Optional[str] = ..., stage: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., time: _Optional[float] = ..., recovered_at: _Optional[float] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("name", "state", "pid", "restarts", "resources", "host", "node_id")
+    __slots__ = ("name", "state", "pid", "restarts", "resources", "host", "node_id", "silent_s")
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -294,6 +298,7 @@ class GroupStatus(_message.Message):
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SILENT_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     state: str
     pid: int
@@ -301,7 +306,8 @@ class GroupStatus(_message.Message):
     resources: GroupResources
     host: str
     node_id: str
-    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., host: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
+    silent_s: float
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[str] = ..., pid: _Optional[int] = ..., restarts: _Optional[int] = ..., resources: _Optional[_Union[GroupResources, _Mapping]] = ..., host: _Optional[str] = ..., node_id: _Optional[str] = ..., silent_s: _Optional[float] = ...) -> None: ...
 
 class Status(_message.Message):
     __slots__ = ("state", "uptime_seconds", "groups_ready", "groups_total", "in_flight", "root_cause", "groups", "pid", "warnings", "metrics_url", "missing_replicas", "workers_ready", "workers_total", "listen", "http_url")

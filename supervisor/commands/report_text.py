@@ -92,6 +92,11 @@ def _node_text(worker: GroupReport | ReplicaReport | GroupStatus, node: str | No
     return text + (f" (pinned: {node})" if node else "")
 
 
+def _silent_text(worker: GroupReport | ReplicaReport | GroupStatus) -> str:
+    """`  silent 4.2s` for a READY worker the daemon took for silent (it missed heartbeats); empty while it beats."""
+    return "" if worker.silent_s is None else f"  silent {worker.silent_s:.1f}s"
+
+
 def _autoscale_text(group: GroupReport) -> str:
     bounds = group.autoscale
     if bounds is None:
@@ -124,12 +129,14 @@ def format_topology(report: TopologyReport) -> str:
             f"{format_memory(g.resources, g.pid) if not g.workers else 'memory: per replica'}"
             + (_node_text(g, g.node) if on_cluster else "")
             + _autoscale_text(g)
+            + _silent_text(g)
         )
         for w in g.workers:  # a replicated group: one line per replica
             lines.append(
                 f"  {w.name:<{width}} pid {w.pid or '-':<7} {w.state:<8} restarts {w.restarts:<3} "
                 f"gpu {'-' if w.gpu is None else w.gpu}{_device_text(w)}  {format_memory(w.resources, w.pid)}"
                 + (_node_text(w, w.node) if on_cluster else "")
+                + _silent_text(w)
             )
     if report.edges:
         lines.append("edges:")
@@ -173,7 +180,7 @@ def format_status(report: StatusReport) -> str:
     for g in report.groups:
         lines.append(
             f"  {g.name:<{width}}  {g.state:<8} pid {g.pid or '-':<7} restarts {g.restarts:<3} "
-            f"{format_memory(g.resources, g.pid)}" + (_node_text(g) if on_cluster else "")
+            f"{format_memory(g.resources, g.pid)}" + (_node_text(g) if on_cluster else "") + _silent_text(g)
         )
     if report.missing_replicas:
         serving = " (DEGRADED: their groups serve through the other replicas)" if report.state == "SERVING" else ""

@@ -138,6 +138,8 @@ class WorkerRunner:
         """True while `stop` runs: an operator restart still stopping the old worker then starts no new one."""
         self.silence = ""
         """Why the current worker counts as silent (it missed heartbeats, handle.SILENT_BEATS); "" while it beats."""
+        self._silent_since: float | None = None
+        """On its clock: when the daemon took the current worker for silent; None while it beats."""
 
     def rename(self, spec: WorkerSpec) -> None:
         """Take a new spec and name (a group scaled between 1 and more replicas: `vocoder` <-> `vocoder/0`).
@@ -177,6 +179,12 @@ class WorkerRunner:
         if self.state is S.READY and self._clock() - self._ready_at >= self.policy.stable_after:
             return 0
         return self.policy.consecutive
+
+    def silent_s(self) -> float | None:
+        """Seconds since the daemon took the current worker for silent (the moment the warning and the
+        `stagevisor_group_silent` gauge went up); None while it beats or none runs."""
+        since = self._silent_since
+        return None if since is None or not self.silence else max(0.0, self._clock() - since)
 
     def restart_in(self) -> float | None:
         """Seconds until the worker, in BACKOFF, is started again; None in any other state."""
@@ -272,15 +280,16 @@ class WorkerRunner:
         try:
             while True:
                 self.silence = await worker.silent()
+                self._silent_since = self._clock()
                 self.hooks.on_silence(self.name, self.silence)
                 await worker.beating()
-                self.silence = ""
+                self.silence, self._silent_since = "", None
                 self.hooks.on_silence(self.name, "")
         except Exception:  # a daemon bug: the heartbeat timeout still watches the worker
             log.exception("group %r: following its worker's heartbeats failed", self.name)
         finally:
             # Its watch ended (it exited, was killed or is being stopped): its state tells from here on.
-            self.silence = ""
+            self.silence, self._silent_since = "", None
 
     async def _recover(self, reason: str, ready_for: float | None) -> None:
         """Restart with exponential backoff until READY or the limit is reached (-> FAILED)."""

@@ -103,6 +103,7 @@ def group_report(group: ProcessGroup, runner: WorkerRunner, monitor: Monitor) ->
         node_id=runner.node_id,
         node=group.node,
         autoscale=group.autoscale,
+        silent_s=runner.silent_s(),
     )
 
 
@@ -124,6 +125,7 @@ def replicated_report(group: ProcessGroup, replicas: ReplicaSets, monitor: Monit
             host=r.host,
             node_id=r.node_id,
             node=r.spec.group.node or None,
+            silent_s=r.silent_s(),
         )
         for index, r in enumerate(runners)
     )
@@ -213,6 +215,7 @@ def status(host: ViewHost) -> StatusReport:
             resources=host.monitor.resources(r.name),
             host=r.host,
             node_id=r.node_id,
+            silent_s=r.silent_s(),
         )
         for r in host.runners.values()
     )

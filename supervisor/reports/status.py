@@ -71,6 +71,9 @@ class GroupStatus:
     resources: GroupResources | None = None
     host: str = ""
     node_id: str = ""
+    silent_s: float | None = None
+    """Seconds since the daemon took its READY worker for silent (it missed heartbeats: a frozen process, a blocked
+    event loop), which it stays until it beats again or is killed at the heartbeat timeout; None while it beats."""
 
     def to_json(self) -> JsonObject:
         return {
@@ -81,6 +84,7 @@ class GroupStatus:
             "resources": resources_json(self.resources),
             "host": self.host,
             "node_id": self.node_id,
+            "silent_s": self.silent_s,
         }
 
     @classmethod
@@ -96,6 +100,7 @@ class GroupStatus:
             resources=resources_proto(self.resources),
             host=self.host,
             node_id=self.node_id,
+            silent_s=self.silent_s,
         )
 
     @classmethod
@@ -108,6 +113,7 @@ class GroupStatus:
             resources=resources_from_proto(message),
             host=message.host,
             node_id=message.node_id,
+            silent_s=message.silent_s if message.HasField("silent_s") else None,
         )
 
 

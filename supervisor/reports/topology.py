@@ -39,6 +39,8 @@ class ReplicaReport:
     node_id: str = ""
     node: str | None = None
     """The cluster node resource it is pinned to; None: anywhere (and not shown)."""
+    silent_s: float | None = None
+    """Seconds since the daemon took its READY worker for silent (missed heartbeats); None while it beats."""
 
     def to_json(self) -> JsonObject:
         body: JsonObject = {
@@ -54,6 +56,7 @@ class ReplicaReport:
             "resources": resources_json(self.resources),
             "host": self.host,
             "node_id": self.node_id,
+            "silent_s": self.silent_s,
         }
         if self.node is not None:
             body["node"] = self.node
@@ -78,6 +81,7 @@ class ReplicaReport:
             host=self.host,
             node_id=self.node_id,
             node=self.node,
+            silent_s=self.silent_s,
         )
 
     @classmethod
@@ -96,6 +100,7 @@ class ReplicaReport:
             host=message.host,
             node_id=message.node_id,
             node=message.node if message.HasField("node") else None,
+            silent_s=message.silent_s if message.HasField("silent_s") else None,
         )
 
 
@@ -150,6 +155,9 @@ class GroupReport:
     """Each replica's GPU when `replicas` > 1 (shown only then)."""
     workers: tuple[ReplicaReport, ...] = ()
     """One per replica when `replicas` > 1 (shown only then)."""
+    silent_s: float | None = None
+    """Seconds since the daemon took its READY worker for silent (missed heartbeats); None while it beats, and
+    always for a replicated group (each of its `workers` has its own)."""
 
     @property
     def replicated(self) -> bool:
@@ -181,6 +189,7 @@ class GroupReport:
             resources=resources_json(self.resources),
             host=self.host,
             node_id=self.node_id,
+            silent_s=self.silent_s,
         )
         if self.replicated:
             body["workers"] = [w.to_json() for w in self.workers]
@@ -222,6 +231,7 @@ class GroupReport:
             host=self.host,
             node_id=self.node_id,
             autoscale=_autoscale_proto(self.autoscale),
+            silent_s=self.silent_s,
         )
 
     @classmethod
@@ -251,6 +261,7 @@ class GroupReport:
             replicas=message.replicas if replicated else 1,
             replica_gpus=tuple(w.gpu for w in workers),
             workers=workers,
+            silent_s=message.silent_s if message.HasField("silent_s") else None,
         )
 
 

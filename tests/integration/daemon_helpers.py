@@ -43,6 +43,7 @@ RUNTIME_GROUP_FIELDS = (
     "resources",
     "host",
     "node_id",
+    "silent_s",
 )
 RUNTIME_EDGE_FIELDS = ("transport", "src_group", "dst_group", "requests")
 RUNTIME_GPU_FIELDS = ("total_bytes", "measured_bytes", "over_limit")

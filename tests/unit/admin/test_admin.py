@@ -55,6 +55,7 @@ def runtime_topology() -> dict:
             resources=RESOURCES if i else None,
             host="vm" if i else "",
             node_id=f"{i:056x}" if i else "",
+            silent_s=4.5 if i == 1 else None,
         )
     for edge in data["edges"]:
         edge.update(transport="grpc", src_group="x", dst_group="y", requests={"grpc": 3})
@@ -94,8 +95,18 @@ STATUS = {
             "resources": RESOURCES,
             "host": "vm",
             "node_id": "ab" * 28,
+            "silent_s": 3.25,
         },
-        {"name": "b", "state": "BACKOFF", "pid": 0, "restarts": 2, "resources": None, "host": "", "node_id": ""},
+        {
+            "name": "b",
+            "state": "BACKOFF",
+            "pid": 0,
+            "restarts": 2,
+            "resources": None,
+            "host": "",
+            "node_id": "",
+            "silent_s": None,
+        },
     ],
     "warnings": ["group 'a' uses 300.0 MiB resident memory, over its --rss-budget 256.0 MiB"],
     "metrics_url": "http://127.0.0.1:9464/metrics",
@@ -197,11 +208,12 @@ def replicated_topology() -> dict:
             "pid": 200 + i,
             "host": "vm",
             "node_id": f"{i + 1:x}" * 56,
+            "silent_s": 2.0 if i else None,
             "node": "tts-b",
         }
         for i in range(2)
     ]
-    data["groups"][0].update(**runtime, pid=None, host="", node_id="", workers=workers)
+    data["groups"][0].update(**runtime, pid=None, host="", node_id="", silent_s=None, workers=workers)
     return data
 
 
@@ -229,6 +241,17 @@ def test_status_shows_each_worker_s_host_and_node_on_a_cluster():
     assert "on host vm, node abababababab" in lines[2] and "on host -, node -" in lines[3]
     local = {**STATUS, "groups": [{**g, "host": "", "node_id": ""} for g in STATUS["groups"]]}
     assert "node" not in format_status(StatusReport.from_json(local))
+
+
+def test_status_and_topology_say_how_long_a_silent_worker_has_been_silent_and_nothing_of_one_that_beats():
+    status = format_status(StatusReport.from_json(STATUS)).splitlines()
+    assert status[2].lstrip().startswith("a ") and status[2].endswith("  silent 3.2s")  # 3.25 s
+    assert status[3].lstrip().startswith("b ") and "silent" not in status[3]
+    topology = format_topology(TopologyReport.from_json(runtime_topology())).splitlines()
+    assert [line.endswith("  silent 4.5s") for line in topology[1:5]] == [False, True, False, False]
+    replicas = format_topology(TopologyReport.from_json(replicated_topology())).splitlines()
+    assert ["silent" in line for line in replicas[1:4]] == [False, False, True]
+    assert replicas[3].endswith("  silent 2.0s")
 
 
 def test_status_without_failure_has_a_null_root_cause():

@@ -119,6 +119,31 @@ def test_a_silent_worker_is_reported_when_it_misses_beats_and_again_when_it_beat
     run(scenario())
 
 
+def test_silent_s_counts_from_when_the_runner_took_its_worker_for_silent_and_is_none_while_it_beats():
+    async def scenario():
+        clock, launcher, recorder = FakeClock(), FakeLauncher(["ready", "ready"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder, clock=clock)
+        runner.spawn()
+        await runner.await_ready()
+        beating = runner.silent_s()
+        launcher.workers[0].fall_silent()
+        await settle(lambda: runner.silence != "")
+        at_once = runner.silent_s()
+        clock.advance(4.5)
+        later = runner.silent_s()
+        launcher.workers[0].beat()
+        await settle(lambda: runner.silence == "")
+        again = runner.silent_s()
+        launcher.workers[0].fall_silent()
+        await settle(lambda: runner.silence != "")
+        launcher.workers[0].wedge()  # killed at the heartbeat timeout, then restarted: its successor beats
+        await settle(lambda: runner.state is S.READY and runner.lifecycle.pid == 101)
+        await runner.stop()
+        return beating, at_once, later, again, runner.silent_s()
+
+    assert run(scenario()) == (None, 0.0, 4.5, None, None)
+
+
 def test_a_silent_worker_that_dies_is_no_longer_silent_and_its_successor_starts_beating():
     async def scenario():
         launcher, recorder = FakeLauncher(["ready", "ready"]), RunnerRecorder()

@@ -1,5 +1,6 @@
 """Sample reports, each kind filled and empty, for the round-trip tests and the HTTP API's schema tests: a GPU
-group measured at 0 bytes, a replicated group, a TP stage, a degraded status with its root cause."""
+group measured at 0 bytes, a replicated group, a TP stage, a degraded status with its root cause; a silent worker
+in each (0.0 s silent is present, not absent)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ ON_GPU = GroupReport(
     node_id="ab" * 28,
     node="tts-a",
     autoscale=BOUNDS,
+    silent_s=4.5,
 )
 REPLICATED = GroupReport(
     "vocoder",
@@ -61,7 +63,9 @@ REPLICATED = GroupReport(
     replicas=2,
     replica_gpus=(None, None),
     workers=(
-        ReplicaReport("vocoder/0", 0, None, 200, "READY", 0, 1.5, None, "", UNMEASURED, "vm", "1" * 56, "tts-b"),
+        ReplicaReport(
+            "vocoder/0", 0, None, 200, "READY", 0, 1.5, None, "", UNMEASURED, "vm", "1" * 56, "tts-b", silent_s=0.0
+        ),
         ReplicaReport("vocoder/1", 1, None, 0, "BACKOFF", 1),
     ),
 )
@@ -91,7 +95,10 @@ STATUS = StatusReport(
     groups_total=2,
     in_flight=3,
     root_cause=RootCause("b", "vocoder", "boom", "Traceback", 5.0),
-    groups=(GroupStatus("a", "READY", 9, 0, MEASURED, "vm", "ab" * 28), GroupStatus("b", "BACKOFF", 0, 2)),
+    groups=(
+        GroupStatus("a", "READY", 9, 0, MEASURED, "vm", "ab" * 28, silent_s=3.25),
+        GroupStatus("b", "BACKOFF", 0, 2),
+    ),
     workers_ready=1,
     workers_total=2,
     warnings=("group 'a' uses 300.0 MiB",),

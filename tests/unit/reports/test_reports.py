@@ -11,6 +11,7 @@ from stagevisor.supervisor.reports import (
     GpuReport,
     GroupReport,
     GroupResources,
+    StatusReport,
 )
 
 from tests.unit.reports.samples import (
@@ -43,10 +44,12 @@ def test_a_message_comes_back_byte_identical_through_the_typed_form(report):
 
 def test_absent_optional_fields_are_null_in_json_and_unset_on_the_wire():
     group = SINGLE.to_proto()
-    assert not any(group.HasField(f) for f in ("gpu", "total_gpu_memory_fraction", "tp_rank", "resources", "node"))
+    optional = ("gpu", "total_gpu_memory_fraction", "tp_rank", "resources", "node", "silent_s")
+    assert not any(group.HasField(f) for f in optional)
     assert (group.replicas, list(group.workers)) == (0, [])  # a single worker sends no replica fields
     data = SINGLE.to_json()
-    assert [data[k] for k in ("gpu", "total_gpu_memory_fraction", "tp_rank", "started_at", "resources")] == [None] * 5
+    nullable = ("gpu", "total_gpu_memory_fraction", "tp_rank", "started_at", "resources", "silent_s")
+    assert [data[k] for k in nullable] == [None] * 6
     assert not {"replicas", "replica_gpus", "workers", "node", "autoscale"} & set(data)
 
 
@@ -83,7 +86,7 @@ def test_json_keys_follow_the_plan_json_then_the_runtime_fields():
     assert list(ON_GPU.to_json()) == [
         *("name", "stages", "gpu", "total_gpu_memory_fraction", "tp_rank", "node", "autoscale"),
         *("pid", "state", "restarts", "started_at", "fraction_enforced", "physical_gpu", "device", "resources"),
-        *("host", "node_id"),
+        *("host", "node_id", "silent_s"),
     ]
     assert list(TOPOLOGY.edges[0].to_json()) == [
         *("src", "dst", "kind", "cross_process", "process_safe", "transport", "src_group", "dst_group", "requests")
@@ -124,3 +127,15 @@ def test_a_gpu_with_no_declared_fraction_stays_null_through_the_wire_and_a_decla
     undeclared = GpuReport(0, None, 1.0, ("pipeline",))
     assert GpuReport.from_proto(undeclared.to_proto()).total_gpu_memory_fraction is None
     assert GpuReport.from_proto(GpuReport(0, 0.5, 1.0, ("p",)).to_proto()).total_gpu_memory_fraction == 0.5
+
+
+def test_a_worker_s_silence_is_null_while_it_beats_and_a_report_of_a_daemon_from_before_silent_s_reads_as_beating():
+    assert STATUS.to_json()["groups"][0]["silent_s"] == 3.25 and STATUS.to_json()["groups"][1]["silent_s"] is None
+    assert REPLICATED.to_json()["workers"][0]["silent_s"] == 0.0 and REPLICATED.to_json()["silent_s"] is None
+    older = STATUS.to_json()
+    for group in older["groups"]:
+        del group["silent_s"]
+    assert [g.silent_s for g in StatusReport.from_json(older).groups] == [None, None]
+    wire = STATUS.to_proto()
+    wire.groups[0].ClearField("silent_s")  # what a daemon from before the field sends
+    assert StatusReport.from_proto(wire).groups[0].silent_s is None
