@@ -18,8 +18,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Show the plan the daemon runs with runtime facts: per process group its worker pid, "
         "state, restarts, GPU and memory fraction (and whether it is enforced); per edge its "
         "transport and the completed requests that crossed it, by transport (a failed or cancelled request is "
-        "not counted here; stagevisor_edge_handoffs_total counts every handoff). --format json prints "
-        "`stagevisor plan --format json` plus those fields.",
+        "not counted here; stagevisor_edge_handoffs_total counts every handoff). A READY worker that missed "
+        "three heartbeats in a row is marked `silent Ns` (JSON: silent_s, the seconds since; null while it "
+        "beats). --format json prints `stagevisor plan --format json` plus those fields.",
         epilog="example: stagevisor topology --format json | jq '.groups[] | {name, pid, state}'",
     )
     add_admin_options(topology, formats=True)
@@ -33,7 +34,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "a warning line per group over its budget, and the root cause when something failed: the first "
         "failure since every worker was last READY. Once every worker is READY again the incident is over: "
         "status shows it as the last incident, with when it happened and when it ended (JSON: "
-        "root_cause.recovered_at), until the next one. It also shows where the daemon serves, as bound: the "
+        "root_cause.recovered_at), until the next one. A READY worker that missed three heartbeats in a row "
+        "(a stopped process, a blocked event loop) is marked `silent Ns` (JSON: silent_s, the seconds since it "
+        "counts as silent; null while it beats); while a group has no READY worker that answers, the daemon "
+        "is DEGRADED. It also shows where the daemon serves, as bound: the "
         "public endpoint (JSON: listen; the port a --listen HOST:0 got), the HTTP API (http_url) and the "
         "metrics (metrics_url).",
         epilog="examples:\n  stagevisor status\n  stagevisor status --format json | jq .state\n"

@@ -467,7 +467,7 @@ class Daemon(Generic[GatewayT]):
             for listener in self.serving_listeners:
                 listener(self.serving)
             if state is DaemonState.DEGRADED:
-                self.systemd_status.tell("STATUS=degraded: a process group is not READY")
+                self.systemd_status.tell("STATUS=degraded: a process group has no READY worker that answers")
             elif state is DaemonState.SERVING and was is DaemonState.DEGRADED:
                 # Only a recovery: the first SERVING of `start` goes out with READY=1, in one datagram.
                 self.systemd_status.tell(f"STATUS=serving {self._counted_groups()}")

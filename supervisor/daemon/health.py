@@ -108,14 +108,26 @@ class DaemonHealth:
         ready = {r.spec.group.name for r in self.host.runners.values() if r.state is GroupState.READY}
         return ready | self.host.replicas.served_by_old()
 
+    def answering_groups(self) -> set[str]:
+        """The process groups that have a READY worker that answers its heartbeat: `serving_groups` less those
+        whose every READY worker is silent (a frozen process, a blocked event loop), which readiness reports."""
+        answering = {
+            r.spec.group.name for r in self.host.runners.values() if r.state is GroupState.READY and not r.silence
+        }
+        return answering | self.host.replicas.served_by_old(answering=True)
+
     def update_state(self) -> None:
-        """SERVING while every group has a READY worker (`serving_groups`); admission refuses every request while a
-        group has FAILED with none (`_failed_groups`), or has none while it restarts (a crash's backoff, `restart
-        --force`), saying when to retry."""
+        """SERVING while every group has a READY worker that answers its heartbeat (`answering_groups`), so
+        readiness goes NOT_SERVING while a group's only worker (or every replica) is silent; admission refuses every
+        request while a group has FAILED with none (`_failed_groups`), or has none while it restarts (a crash's
+        backoff, `restart --force`), saying when to retry. A silent worker is still READY: its group's requests
+        wait for it (it may answer again, or be killed at the heartbeat timeout)."""
         if self.host.state in (DaemonState.SERVING, DaemonState.DEGRADED):
             serving = self.serving_groups()
             all_ready = all(g.name in serving for g in self.host.plan.groups)
-            self.host.set_state(DaemonState.SERVING if all_ready else DaemonState.DEGRADED)
+            answering = self.answering_groups()
+            all_answering = all(g.name in answering for g in self.host.plan.groups)
+            self.host.set_state(DaemonState.SERVING if all_answering else DaemonState.DEGRADED)
             failed = self._failed_groups(serving)
             self.host.gateway.admission.failed_groups = failed
             self.host.gateway.admission.down_groups = tuple(
@@ -162,7 +174,8 @@ class DaemonHealth:
 
     def on_silence(self, worker: str, reason: str) -> None:
         """A worker missed heartbeats (`reason`) or beats again (""): watchers learn it; a replica leaves the
-        rotation meanwhile, unless every replica of its group is silent."""
+        rotation meanwhile, unless every replica of its group is silent; the daemon is DEGRADED (readiness
+        NOT_SERVING) while a group has no READY worker that answers."""
         from stagevisor.supervisor.daemon.monitor import ConditionEvent
 
         runner = self.host.runners.get(worker)
@@ -170,7 +183,11 @@ class DaemonHealth:
             return
         replica = self.host.replicas.silence_changed(runner)
         if reason:
-            then = "it takes no new requests (another replica does)" if replica else "its requests wait for it"
+            then = (
+                "it takes no new requests (another replica does)"
+                if replica and runner.spec.group.name in self.answering_groups()
+                else "its requests wait for it and readiness is NOT_SERVING"
+            )
             outcome = f"{reason}: {then} until it answers; it is killed if silent for the heartbeat timeout"
             log.warning("%s", outcome)
             self.host.publish(ConditionEvent.now(worker, runner.state, outcome, "WARNING", runner.pid or 0))
@@ -178,3 +195,4 @@ class DaemonHealth:
             outcome = "answers its heartbeat again" + (": it takes new requests again" if replica else "")
             log.info("worker %r %s", worker, outcome)
             self.host.publish(ConditionEvent.now(worker, runner.state, outcome, "NOTICE", runner.pid or 0))
+        self.update_state()

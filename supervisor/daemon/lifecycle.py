@@ -63,9 +63,9 @@ TRANSITIONS: frozenset[tuple[GroupState, GroupState]] = frozenset(
 class DaemonState(str, enum.Enum):
     """The daemon as a whole: STARTING -> SERVING <-> DEGRADED -> STOPPING -> STOPPED.
 
-    DEGRADED means at least one group has no READY worker after startup (restarting
-    or FAILED; the old worker of a restart without a pause counts while it drains);
-    health reports NOT_SERVING then.
+    DEGRADED means at least one group has no READY worker that answers its heartbeat after
+    startup (restarting or FAILED, or its only READY workers silent; the old worker of a
+    restart without a pause counts while it drains); health reports NOT_SERVING then.
     """
 
     STARTING = "STARTING"

@@ -377,8 +377,8 @@ class LiveChange(Generic[G]):
         """What a DEGRADED daemon's operator can do before a topology change: which groups are down, and how."""
         if self.host.state is not DaemonState.DEGRADED:
             return ""
-        down = [r for r in self.host.runners.values() if r.state is not GroupState.READY]
-        named = ", ".join(f"{r.name!r} is {r.state.value}" for r in down)
+        down = [r for r in self.host.runners.values() if r.state is not GroupState.READY or r.silence]
+        named = ", ".join(f"{r.name!r} is {'silent' if r.state is GroupState.READY else r.state.value}" for r in down)
         first = down[0].name if down else "GROUP"
         return (
             f" ({named}): wait until `stagevisor status` says SERVING (`stagevisor restart {first}` starts a FAILED "

@@ -232,10 +232,14 @@ class ReplicaSets:
         """A replica's worker died: senders fail what they routed to it and route around it."""
         self.push(lost=(runner.spec.address,))
 
-    def served_by_old(self) -> set[str]:
+    def served_by_old(self, answering: bool = False) -> set[str]:
         """Groups whose old worker, READY while a restart without a pause drains it, serves them: should the new
-        worker be down, it takes their requests (`_taking`)."""
-        return {group for group, old in self.replaced.items() if old.state is GroupState.READY}
+        worker be down, it takes their requests (`_taking`). `answering`: only where it is not silent."""
+        return {
+            group
+            for group, old in self.replaced.items()
+            if old.state is GroupState.READY and not (answering and old.silence)
+        }
 
     def beside_old(self, runner: WorkerRunner) -> bool:
         """Whether `runner` is a group's new worker while its old one drains beside it (a restart without a

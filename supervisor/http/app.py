@@ -227,12 +227,15 @@ def create_app(
     async def ready(request: Request) -> Response:
         status = daemon.status()
         not_ready = [{"name": g.name, "state": g.state} for g in status.groups if g.state != "READY"]
+        silent = [{"name": g.name, "silent_s": g.silent_s} for g in status.groups if g.silent_s is not None]
         body = {
-            # As grpc.health.v1 answers: SERVING while every group has a READY worker (a replicated group: one
-            # READY replica, so a replica restarting does not take the daemon out of rotation) and not draining.
+            # As grpc.health.v1 answers: SERVING while every group has a READY worker that answers its heartbeat (a
+            # replicated group: one such replica, so a replica restarting or silent does not take the daemon out
+            # of rotation) and not draining.
             "ready": status.state == "SERVING",
             "state": status.state,
             "groups_not_ready": not_ready,
+            "workers_silent": silent,
             "groups_ready": status.groups_ready,
             "groups_total": status.groups_total,
             "workers_ready": status.workers_ready,

@@ -207,6 +207,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "ready",
             "state",
             "groups_not_ready",
+            "workers_silent",
             "groups_ready",
             "groups_total",
             "workers_ready",
@@ -222,6 +223,16 @@ SCHEMAS: dict[str, dict[str, Any]] = {
                     "type": "object",
                     "required": ["name", "state"],
                     "properties": {"name": {"type": "string"}, "state": {"type": "string"}},
+                },
+            },
+            "workers_silent": {
+                "type": "array",
+                "description": "Each READY worker the daemon took for silent (it missed heartbeats: a frozen "
+                "process, a blocked event loop), with the seconds since; not ready while a group has no other.",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "silent_s"],
+                    "properties": {"name": {"type": "string"}, "silent_s": {"type": "number"}},
                 },
             },
             "groups_ready": {

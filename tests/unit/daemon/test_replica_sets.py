@@ -829,6 +829,12 @@ def test_a_new_worker_that_dies_while_the_old_one_drains_gives_the_groups_reques
         await asyncio.sleep(0.1)
         assert old.signals == [] and not restarting.done()
         assert host.replicas.served_by_old() == {"vocoder"}  # the daemon still serves the group: not DEGRADED
+        old.fall_silent()  # the old worker misses heartbeats: it still takes the requests, but answers none
+        await poll_until(lambda: host.replicas.replaced["vocoder"].silence != "")
+        assert host.replicas.served_by_old() == {"vocoder"} and host.replicas.served_by_old(answering=True) == set()
+        old.beat()
+        await poll_until(lambda: host.replicas.replaced["vocoder"].silence == "")
+        assert host.replicas.served_by_old(answering=True) == {"vocoder"}
 
         workers[-1].answer()
         await poll_until(lambda: gateway.pushes()[-1] == ({group: (new_address,)}, ()))
