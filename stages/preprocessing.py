@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, Sequence, TypeVar
 
 from stagevisor.stages.base import NOTHING_SPEAKABLE, InvalidRequest, StageContext, StageError, StagePayload
+from stagevisor.stages.codes import CLONING_NOT_SUPPORTED
 from stagevisor.stages.text import MAX_TEXT_CHARS, validate_text
 
 
@@ -151,7 +152,9 @@ class PhonemePreprocessing(ABC, Generic[OptionsT]):
         if request.get("reference_audio") and not self.clones:
             raise InvalidRequest(
                 "this model speaks only its own voices and cannot clone a voice from reference audio; "
-                "drop reference_audio, or serve a model that clones"
+                "drop reference_audio, or serve a model that clones",
+                code=CLONING_NOT_SUPPORTED,
+                field="reference_audio",
             )
         return {}
 

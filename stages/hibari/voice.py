@@ -26,6 +26,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from stagevisor.stages.base import InvalidRequest, selects_voice
+from stagevisor.stages.codes import (
+    CONFLICTING_OPTIONS,
+    INVALID_OPTION,
+    TEXT_TOO_COMPLEX,
+    TEXT_UNREADABLE,
+    UNKNOWN_OPTION,
+    UNKNOWN_VOICE,
+)
 from stagevisor.stages.compute import threads_from_env
 from stagevisor.stages.preprocessing import cut_long_chunk
 import stagevisor.supervisor.envs as envs
@@ -71,7 +79,9 @@ def _number(name: str, raw: Any) -> float:
         value = math.nan
     low, high = SPEED_RANGE
     if not math.isfinite(value) or not low <= value <= high:
-        raise InvalidRequest(f"option {name!r} must be a number in [{low:g}, {high:g}], got {raw!r}")
+        raise InvalidRequest(
+            f"option {name!r} must be a number in [{low:g}, {high:g}], got {raw!r}", code=INVALID_OPTION, field=name
+        )
     return value
 
 
@@ -89,10 +99,16 @@ def parse_options(options: Mapping[str, Any] | None, request_seed: Any = None) -
     unknown = sorted(set(options) - {"speed", "length_scale", "seed"})
     if unknown:
         raise InvalidRequest(
-            f"unknown option {unknown[0]!r} for the hibari voice; supported options: length_scale, seed, speed"
+            f"unknown option {unknown[0]!r} for the hibari voice; supported options: length_scale, seed, speed",
+            code=UNKNOWN_OPTION,
+            field=unknown[0],
         )
     if "speed" in options and "length_scale" in options:
-        raise InvalidRequest("give either option 'speed' or 'length_scale' (its inverse), not both")
+        raise InvalidRequest(
+            "give either option 'speed' or 'length_scale' (its inverse), not both",
+            code=CONFLICTING_OPTIONS,
+            field="length_scale",
+        )
     speed = 1.0
     if "speed" in options:
         speed = _number("speed", options["speed"])
@@ -100,14 +116,20 @@ def parse_options(options: Mapping[str, Any] | None, request_seed: Any = None) -
         speed = 1.0 / _number("length_scale", options["length_scale"])
     seed = DEFAULT_SEED
     if "seed" in options and request_seed is not None:
-        raise InvalidRequest("give the seed either as the request's 'seed' or as option 'seed', not both")
+        raise InvalidRequest(
+            "give the seed either as the request's 'seed' or as option 'seed', not both",
+            code=CONFLICTING_OPTIONS,
+            field="seed",
+        )
     if request_seed is not None:
         options["seed"] = request_seed
     if "seed" in options:
         number = integer_text(str(options["seed"]))  # 7.0 too, as the HTTP API and Qwen3-TTS take it
         if number is None or not 0 <= number <= SEED_MAX:
             raise InvalidRequest(
-                f"option 'seed' must be a whole number in [0, {SEED_MAX}], got {shown(options['seed'])}"
+                f"option 'seed' must be a whole number in [0, {SEED_MAX}], got {shown(options['seed'])}",
+                code=INVALID_OPTION,
+                field="seed",
             )
         seed = number
     return HibariOptions(speed, seed)
@@ -119,7 +141,11 @@ def check_voice(requested: Any) -> None:
         return
     if not isinstance(requested, str) or not selects_voice(requested, VOICE_NAMES):
         accepted = ", ".join(repr(n) for n in sorted(VOICE_NAMES) if n)  # "" (no preference) is no name to offer
-        raise InvalidRequest(f"voice {requested!r} is not available; the hibari voice answers to {accepted}")
+        raise InvalidRequest(
+            f"voice {requested!r} is not available; the hibari voice answers to {accepted}",
+            code=UNKNOWN_VOICE,
+            field="voice",
+        )
 
 
 def describe_voice() -> dict[str, Any]:
@@ -234,11 +260,15 @@ class Phonemizer:
             if word_work > G2P_BUDGET:
                 raise InvalidRequest(
                     f"text has a word the voice cannot pronounce in reasonable time ({shown}: letters, symbols, "
-                    "hyphens or slashes run together); put spaces in long runs of them"
+                    "hyphens or slashes run together); put spaces in long runs of them",
+                    code=TEXT_TOO_COMPLEX,
+                    field="text",
                 )
             raise InvalidRequest(
                 f"text has too many words joined from many pieces (such as {shown}) to pronounce in reasonable "
-                "time; split it into several requests"
+                "time; split it into several requests",
+                code=TEXT_TOO_COMPLEX,
+                field="text",
             )
         sentences: list[str] = self._tts.split_sentences(text)
         for sentence in sentences:
@@ -263,11 +293,15 @@ class Phonemizer:
                     raise InvalidRequest(
                         f"the voice's G2P cannot read this text: a number of {digits} digits ({shown}), and it reads "
                         f"numbers of at most {self.readable_digits}; write it in words, or in groups of digits "
-                        "separated by spaces"
+                        "separated by spaces",
+                        code=TEXT_UNREADABLE,
+                        field="text",
                     ) from None
                 log.warning("hibari's G2P failed on a request's text", exc_info=True)
                 raise InvalidRequest(
-                    f"the voice's G2P cannot read this text ({type(error).__name__}: {str(error)[:120]})"
+                    f"the voice's G2P cannot read this text ({type(error).__name__}: {str(error)[:120]})",
+                    code=TEXT_UNREADABLE,
+                    field="text",
                 ) from None
         cut = ["".join(piece) for chunk in chunks for piece in cut_long_chunk(chunk, MAX_CHUNK_PHONEMES, self._piece)]
         return [ids for ids in (self._tts.ids(ps) for ps in cut) if len(ids) >= 3]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from stagevisor.stages.base import InvalidRequest
+from stagevisor.stages.codes import INVALID_OPTION, UNKNOWN_OPTION
 from stagevisor.supervisor.numbers import decimal
 
 
@@ -45,13 +46,21 @@ def parse_options(options: Mapping[str, Any] | None, defaults: SynthesisOptions 
     for name, raw in (options or {}).items():
         if name not in _OPTION_BOUNDS:
             known = ", ".join(sorted(_OPTION_BOUNDS))
-            raise InvalidRequest(f"unknown option {name!r}; supported options: {known}")
+            raise InvalidRequest(
+                f"unknown option {name!r}; supported options: {known}", code=UNKNOWN_OPTION, field=name
+            )
         try:
             value = decimal(str(raw).strip())
         except ValueError:
-            raise InvalidRequest(f"option {name!r} must be a number in {_describe_range(name)}, got {raw!r}") from None
+            raise InvalidRequest(
+                f"option {name!r} must be a number in {_describe_range(name)}, got {raw!r}",
+                code=INVALID_OPTION,
+                field=name,
+            ) from None
         low, high = _OPTION_BOUNDS[name]
         if not math.isfinite(value) or not low <= value <= high:
-            raise InvalidRequest(f"option {name!r} must be in {_describe_range(name)}, got {raw!r}")
+            raise InvalidRequest(
+                f"option {name!r} must be in {_describe_range(name)}, got {raw!r}", code=INVALID_OPTION, field=name
+            )
         values[name] = value
     return SynthesisOptions(**values)

@@ -38,6 +38,7 @@ import numpy as np
 
 import stagevisor.supervisor.envs as envs
 from stagevisor.stages.base import InvalidRequest, selects_voice
+from stagevisor.stages.codes import UNKNOWN_VOICE
 from stagevisor.stages.compute import threads_from_env
 from stagevisor.stages.piper.graphs import PARTS, split_graphs, split_part
 from stagevisor.stages.piper.options import SynthesisOptions
@@ -177,7 +178,11 @@ class Voice:
             return
         if not isinstance(requested, str) or not selects_voice(requested, self.names):
             accepted = ", ".join(repr(n) for n in sorted(self.names) if n)  # "" (no preference) is no name to offer
-            raise InvalidRequest(f"voice {requested!r} is not available; the embedded voice answers to {accepted}")
+            raise InvalidRequest(
+                f"voice {requested!r} is not available; the embedded voice answers to {accepted}",
+                code=UNKNOWN_VOICE,
+                field="voice",
+            )
 
     def phoneme_ids(self, text: str) -> list[list[int]]:
         """Text -> phoneme ids, one list per sentence; empty when the text has nothing speakable.

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
 from stagevisor.stages.base import InvalidRequest
+from stagevisor.stages.codes import INVALID_OPTION, TEXT_EMPTY, TEXT_TOO_LONG, UNKNOWN_OPTION
 from stagevisor.stages.qwen3.checkpoint import Checkpoint
 from stagevisor.supervisor.numbers import decimal, integer_text, plain
 
@@ -232,11 +233,11 @@ def _sampling(options: Mapping[str, str], defaults: Sampling) -> Sampling:
             try:
                 chosen[name] = read(str(options[name]))
             except ValueError as error:
-                raise InvalidRequest(f"option {name!r}: {error}", field=name) from None
+                raise InvalidRequest(f"option {name!r}: {error}", code=INVALID_OPTION, field=name) from None
     sampling = Sampling(**chosen)
     problem = _greedy_only(sampling)
     if problem:
-        raise InvalidRequest(f"option {problem}", field=_greedy_field(sampling))
+        raise InvalidRequest(f"option {problem}", code=INVALID_OPTION, field=_greedy_field(sampling))
     return sampling
 
 
@@ -245,7 +246,7 @@ def _text_field(request: Mapping[str, Any], options: Mapping[str, str], name: st
     if value is None:
         return None
     if not isinstance(value, str):
-        raise InvalidRequest(f"{name!r} must be a string", field=name)
+        raise InvalidRequest(f"{name!r} must be a string", code=INVALID_OPTION, field=name)
     # Blank is absent: a blank transcript would clone in context from a reference said to say nothing.
     return value if value.strip() else None
 
@@ -311,13 +312,17 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise InvalidRequest(
-            f"unknown option(s) {unknown} for Qwen3-TTS; accepted: {', '.join(OPTIONS)}", field=unknown[0]
+            f"unknown option(s) {unknown} for Qwen3-TTS; accepted: {', '.join(OPTIONS)}",
+            code=UNKNOWN_OPTION,
+            field=unknown[0],
         )
     text = request.get("text")
     if not isinstance(text, str) or not text.strip():
-        raise InvalidRequest("text is empty; give the text to speak", field="text")
+        raise InvalidRequest("text is empty; give the text to speak", code=TEXT_EMPTY, field="text")
     if len(text) > MAX_TEXT_CHARS:
-        raise InvalidRequest(f"text is {len(text)} characters; at most {MAX_TEXT_CHARS} are accepted", field="text")
+        raise InvalidRequest(
+            f"text is {len(text)} characters; at most {MAX_TEXT_CHARS} are accepted", code=TEXT_TOO_LONG, field="text"
+        )
     language = (_text_field(request, options, "language") or "auto").strip().lower()
     if language not in checkpoint.languages:
         raise Unsupported(
@@ -337,6 +342,7 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
         if len(instructions) > MAX_INSTRUCTION_CHARS:
             raise InvalidRequest(
                 f"instructions has {len(instructions)} characters; at most {MAX_INSTRUCTION_CHARS}, as the text",
+                code=INVALID_OPTION,
                 field="instructions",
             )
     reference = request.get("reference_audio") or None
@@ -361,7 +367,7 @@ def parse(request: Mapping[str, Any], checkpoint: Checkpoint, defaults: Sampling
     try:
         seed_value = None if seed is None else _ranged(_whole, 0, MAX_SEED)(str(seed))
     except ValueError as error:
-        raise InvalidRequest(f"option 'seed': {error}", field="seed") from None
+        raise InvalidRequest(f"option 'seed': {error}", code=INVALID_OPTION, field="seed") from None
     return Qwen3Request(
         text=text,
         language=language,

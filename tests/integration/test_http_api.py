@@ -483,6 +483,25 @@ def test_text_with_nothing_to_speak_names_input_and_says_what_to_send(demo):
     )
 
 
+TEXT_REFUSALS = [
+    # (what, input, the stage's code, what the message says)
+    ("a word joined from too many pieces", "well-" * 500, "TEXT_TOO_COMPLEX", "put spaces in long runs"),
+    ("too many such words", " ".join(["a/" * 20] * 100), "TEXT_TOO_COMPLEX", "split it into several requests"),
+    ("a number of 40 digits", "Call " + "1" * 40 + " now.", "TEXT_UNREADABLE", "a number of 40 digits"),
+    ("a script the voice has no sounds for", "\u4f60\u597d\u3002", "NOTHING_SPEAKABLE", "give words the voice"),
+]
+
+
+@pytest.mark.parametrize("what,text,code,says", TEXT_REFUSALS, ids=[r[0] for r in TEXT_REFUSALS])
+def test_every_refusal_of_the_text_names_input_with_the_stage_code(demo, what, text, code, says):
+    """Only NOTHING_SPEAKABLE came back with a code and `param: "input"`: the G2P's refusals (a word it would take
+    minutes over, a number it cannot read) were a bare `invalid_argument` with `param: null`."""
+    status, _, body = post(demo.url, speech_json(input=text), JSON)
+    error = json.loads(body)["error"]
+    assert (status, error["code"], error["param"]) == (400, code, "input"), error
+    assert says in error["message"] and error["message"].startswith("stage 'preprocessing' rejected the request")
+
+
 def test_unknown_route_and_method_get_the_envelope(demo):
     status, _, body = post(demo.url, None, path="/v1/audio/transcriptions", method="POST")
     assert status == 404 and json.loads(body)["error"]["code"] == "not_found"

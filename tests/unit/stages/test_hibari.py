@@ -530,25 +530,46 @@ def test_a_later_sentence_pass_yields_to_first_audio_work_due_with_the_first_sen
 
 
 @pytest.mark.parametrize(
-    "options, message",
+    "options, message, code, field",
     [
-        ({"noise_scale": "0"}, "unknown option 'noise_scale'"),
-        ({"speed": "9"}, "option 'speed' must be a number in [0.25, 4]"),
-        ({"speed": "nan"}, "option 'speed' must be a number"),
-        ({"length_scale": "0"}, "option 'length_scale' must be a number"),
-        ({"speed": "1", "length_scale": "1"}, "not both"),
-        ({"seed": "-1"}, "option 'seed' must be a whole number"),
-        ({"seed": "1.5"}, "option 'seed' must be a whole number"),
-        ({"seed": str(2**32)}, "option 'seed' must be a whole number"),
-        ({"seed": "²"}, "option 'seed' must be a whole number"),  # isdigit() is true, int() cannot read it
-        ({"seed": "١٢"}, "option 'seed' must be a whole number"),  # Arabic-Indic digits: not what a client means
-        ({"speed": "١"}, "option 'speed' must be a number in [0.25, 4]"),  # float() reads them; the seed did not
-        ({"length_scale": "0_1"}, "option 'length_scale' must be a number"),  # float() reads 1.0
+        ({"noise_scale": "0"}, "unknown option 'noise_scale'", "UNKNOWN_OPTION", "noise_scale"),
+        ({"speed": "9"}, "option 'speed' must be a number in [0.25, 4]", "INVALID_OPTION", "speed"),
+        ({"speed": "nan"}, "option 'speed' must be a number", "INVALID_OPTION", "speed"),
+        ({"length_scale": "0"}, "option 'length_scale' must be a number", "INVALID_OPTION", "length_scale"),
+        ({"speed": "1", "length_scale": "1"}, "not both", "CONFLICTING_OPTIONS", "length_scale"),
+        ({"seed": "-1"}, "option 'seed' must be a whole number", "INVALID_OPTION", "seed"),
+        ({"seed": "1.5"}, "option 'seed' must be a whole number", "INVALID_OPTION", "seed"),
+        ({"seed": str(2**32)}, "option 'seed' must be a whole number", "INVALID_OPTION", "seed"),
+        (
+            {"seed": "²"},
+            "option 'seed' must be a whole number",
+            "INVALID_OPTION",
+            "seed",
+        ),  # isdigit() is true, int() cannot read it
+        (
+            {"seed": "١٢"},
+            "option 'seed' must be a whole number",
+            "INVALID_OPTION",
+            "seed",
+        ),  # Arabic-Indic digits: not what a client means
+        (
+            {"speed": "١"},
+            "option 'speed' must be a number in [0.25, 4]",
+            "INVALID_OPTION",
+            "speed",
+        ),  # float() reads them; the seed did not
+        (
+            {"length_scale": "0_1"},
+            "option 'length_scale' must be a number",
+            "INVALID_OPTION",
+            "length_scale",
+        ),  # float() reads 1.0
     ],
 )
-def test_bad_options_are_invalid_requests_naming_the_option(options, message):
-    with pytest.raises(InvalidRequest, match=message.replace("[", r"\[").replace("(", r"\(")):
+def test_bad_options_are_invalid_requests_naming_the_option_with_a_code(options, message, code, field):
+    with pytest.raises(InvalidRequest, match=message.replace("[", r"\[").replace("(", r"\(")) as caught:
         parse_options(options)
+    assert (caught.value.code, caught.value.field) == (code, field)
 
 
 def test_a_seed_written_as_a_json_float_is_the_same_seed():
@@ -560,8 +581,9 @@ def test_a_seed_written_as_a_json_float_is_the_same_seed():
 def test_the_request_seed_field_is_the_seed_unless_an_option_names_one_too():
     assert parse_options(None, 9).seed == 9
     assert parse_options({"speed": "1.5"}, 0) == HibariOptions(speed=1.5, seed=0)
-    with pytest.raises(InvalidRequest, match="not both"):
+    with pytest.raises(InvalidRequest, match="not both") as caught:
         parse_options({"seed": "1"}, 2)
+    assert (caught.value.code, caught.value.field) == ("CONFLICTING_OPTIONS", "seed")
 
 
 def test_length_scale_is_the_inverse_of_speed_and_defaults_are_repeatable():
@@ -578,34 +600,56 @@ def test_the_voice_answers_to_its_names_in_any_case_as_over_http(stages, package
 
 
 @pytest.mark.parametrize(
-    "req, message",
+    "req, message, code, field",
     [
-        (request(""), "text must be a non-empty string"),
-        (request("x" * (hibari_stages.Preprocessing.max_text_chars + 1)), "at most 5000"),
-        (request(" - "), "nothing speakable"),
+        (request(""), "text must be a non-empty string", "TEXT_EMPTY", "text"),
+        (request("x" * (hibari_stages.Preprocessing.max_text_chars + 1)), "at most 5000", "TEXT_TOO_LONG", "text"),
+        (request(" - "), "nothing speakable", "NOTHING_SPEAKABLE", "text"),
         # "" (no preference) was offered among the names: "the hibari voice answers to '', 'af_heart', ..."
         (
             {**request(SHORT), "voice": "alloy"},
             "voice 'alloy' is not available; the hibari voice answers to 'af_heart', 'default', 'heart'$",
+            "UNKNOWN_VOICE",
+            "voice",
         ),
         # The G2P's search over a word's pieces grows as their cube: 500 of these took 290 s, lock held.
-        (request("well-" * 500), "cannot pronounce in reasonable time \\('well-well-"),
-        (request("%" * 500), "cannot pronounce in reasonable time"),
-        (request(" ".join(["a/" * 20] * 100)), "too many words joined from many pieces \\(such as 'a/a/"),
-        (request("a" + "\u0301" * 2000), "cannot pronounce in reasonable time"),
+        (request("well-" * 500), "cannot pronounce in reasonable time \\('well-well-", "TEXT_TOO_COMPLEX", "text"),
+        (request("%" * 500), "cannot pronounce in reasonable time", "TEXT_TOO_COMPLEX", "text"),
+        (
+            request(" ".join(["a/" * 20] * 100)),
+            "too many words joined from many pieces \\(such as 'a/a/",
+            "TEXT_TOO_COMPLEX",
+            "text",
+        ),
+        (request("a" + "\u0301" * 2000), "cannot pronounce in reasonable time", "TEXT_TOO_COMPLEX", "text"),
         # The package raises (ValueError, IndexError); the message named that, not the number at fault.
-        (request("1" * 5000), "a number of 5000 digits \\('1111"),
-        (request("$" + "9" * 300 + ".99"), "a number of 302 digits \\('\\$999.*at most 36; write it in words"),
+        (request("1" * 5000), "a number of 5000 digits \\('1111", "TEXT_UNREADABLE", "text"),
+        (
+            request("$" + "9" * 300 + ".99"),
+            "a number of 302 digits \\('\\$999.*at most 36; write it in words",
+            "TEXT_UNREADABLE",
+            "text",
+        ),
         # Pauses only: they were spoken as near-silence (0.75 s for "...!!!???"), script it cannot read as 0.4 s.
-        (request("...!!!???"), "nothing speakable"),
-        (request("مرحبا بالعالم."), "nothing speakable"),
+        (request("...!!!???"), "nothing speakable", "NOTHING_SPEAKABLE", "text"),
+        (request("مرحبا بالعالم."), "nothing speakable", "NOTHING_SPEAKABLE", "text"),
         # It used to speak such a request in its own voice, as if the reference had been used.
-        ({**request(SHORT), "reference_audio": b"RIFF"}, "cannot clone a voice from reference audio; drop"),
+        (
+            {**request(SHORT), "reference_audio": b"RIFF"},
+            "cannot clone a voice from reference audio; drop",
+            "CLONING_NOT_SUPPORTED",
+            "reference_audio",
+        ),
     ],
 )
-def test_bad_requests_fail_in_preprocessing_with_a_clear_message(stages, req, message):
-    with pytest.raises(InvalidRequest, match=message):
+def test_bad_requests_fail_in_preprocessing_with_a_clear_message_a_code_and_the_field(
+    stages, req, message, code, field
+):
+    """Only NOTHING_SPEAKABLE carried a code and a field: the other refusals of the text reached a client as a bare
+    INVALID_ARGUMENT, with `param` null over HTTP."""
+    with pytest.raises(InvalidRequest, match=message) as caught:
         run_chain(stages, req)
+    assert (caught.value.code, caught.value.field) == (code, field)
 
 
 def test_pauses_before_the_first_sound_are_held_and_handed_on_with_it_as_the_package_speaks_them(stages, package):

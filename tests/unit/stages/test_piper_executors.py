@@ -94,10 +94,19 @@ def test_final_data_reports_frames_and_samples(short_noiseless):
     assert vocoder_final["samples"] == result.audio().shape[0] == 256 * engine_final["frames"]
 
 
-@pytest.mark.parametrize("text", ["", "   ", None, "x" * (demo.Preprocessing.max_text_chars + 1)])
-def test_missing_blank_or_oversized_text_is_an_invalid_request(stages, text):
-    with pytest.raises(InvalidRequest, match="text"):
+@pytest.mark.parametrize(
+    "text, code",
+    [
+        ("", "TEXT_EMPTY"),
+        ("   ", "TEXT_EMPTY"),
+        (None, "TEXT_EMPTY"),
+        ("x" * (demo.Preprocessing.max_text_chars + 1), "TEXT_TOO_LONG"),
+    ],
+)
+def test_missing_blank_or_oversized_text_is_an_invalid_request_naming_the_text(stages, text, code):
+    with pytest.raises(InvalidRequest, match="text") as caught:
         run_chain(stages, {**request("x"), "text": text})
+    assert (caught.value.code, caught.value.field) == (code, "text")
 
 
 def test_text_with_nothing_speakable_is_an_invalid_request(stages):
@@ -105,9 +114,18 @@ def test_text_with_nothing_speakable_is_an_invalid_request(stages):
         run_chain(stages, request("...!?"))
 
 
-def test_unknown_option_is_rejected_by_preprocessing(stages):
-    with pytest.raises(InvalidRequest, match="'pitch'"):
-        run_chain(stages, request(SHORT, pitch=3))
+@pytest.mark.parametrize(
+    "options, code, field",
+    [
+        ({"pitch": 3}, "UNKNOWN_OPTION", "pitch"),
+        ({"noise_w": "loud"}, "INVALID_OPTION", "noise_w"),
+        ({"length_scale": "9"}, "INVALID_OPTION", "length_scale"),
+    ],
+)
+def test_a_bad_option_is_rejected_by_preprocessing_naming_it_with_a_code(stages, options, code, field):
+    with pytest.raises(InvalidRequest, match=f"'{field}'") as caught:
+        run_chain(stages, request(SHORT, **options))
+    assert (caught.value.code, caught.value.field) == (code, field)
 
 
 @pytest.mark.parametrize("name", ["", "default", "joe", "en_US-joe-medium", "JOE", " Default\n"])
@@ -118,13 +136,17 @@ def test_the_embedded_voice_is_selected_by_its_names(stages, short_noiseless, na
 
 
 def test_reference_audio_is_refused_not_spoken_in_the_embedded_voice(stages):
-    with pytest.raises(InvalidRequest, match="cannot clone a voice from reference audio; drop reference_audio"):
+    with pytest.raises(
+        InvalidRequest, match="cannot clone a voice from reference audio; drop reference_audio"
+    ) as caught:
         run_chain(stages, {**request(SHORT), "reference_audio": b"RIFF"})
+    assert (caught.value.code, caught.value.field) == ("CLONING_NOT_SUPPORTED", "reference_audio")
 
 
 def test_an_unknown_voice_is_an_invalid_request_listing_the_available_names(stages):
-    with pytest.raises(InvalidRequest, match="en_US-joe-medium"):
+    with pytest.raises(InvalidRequest, match="en_US-joe-medium") as caught:
         run_chain(stages, {**request(SHORT), "voice": "alloy"})
+    assert (caught.value.code, caught.value.field) == ("UNKNOWN_VOICE", "voice")
 
 
 def test_vocoder_decodes_a_whole_latent_handed_over_in_data(stages):

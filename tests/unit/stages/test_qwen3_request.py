@@ -300,23 +300,26 @@ def test_a_base_checkpoints_one_voice_is_listed_as_not_usable_saying_why_as_its_
 
 
 @pytest.mark.parametrize(
-    "options, field",
+    "options, field, code",
     [
-        ({"top_k": "many"}, "top_k"),
-        ({"temperature": "0"}, "temperature"),
-        ({"subtalker_temperature": "0"}, "subtalker_temperature"),
-        ({"seed": "-1"}, "seed"),
-        ({"max_new_tokens": "1"}, "max_new_tokens"),
-        ({"volume": "2", "pitch": "1"}, "pitch"),
+        ({"top_k": "many"}, "top_k", "INVALID_OPTION"),
+        ({"temperature": "0"}, "temperature", "INVALID_OPTION"),
+        ({"subtalker_temperature": "0"}, "subtalker_temperature", "INVALID_OPTION"),
+        ({"seed": "-1"}, "seed", "INVALID_OPTION"),
+        ({"max_new_tokens": "1"}, "max_new_tokens", "INVALID_OPTION"),
+        ({"instructions": "x" * 2001}, "instructions", "INVALID_OPTION"),
+        ({"volume": "2", "pitch": "1"}, "pitch", "UNKNOWN_OPTION"),
     ],
 )
-def test_a_refused_option_is_named_as_the_field_at_fault(options, field):
+def test_a_refused_option_is_named_as_the_field_at_fault_with_its_code(options, field, code):
+    """These refusals named their field but carried no code: a client matched them by their text."""
     with pytest.raises(InvalidRequest) as caught:
-        read("custom_voice", options=options)
-    assert caught.value.field == field
+        read("voice_design", options=options)
+    assert (caught.value.field, caught.value.code) == (field, code)
 
 
-def test_an_empty_text_names_the_text_field():
+@pytest.mark.parametrize("text, code", [(" ", "TEXT_EMPTY"), ("x" * 2001, "TEXT_TOO_LONG")])
+def test_an_empty_or_too_long_text_names_the_text_field_with_its_code(text, code):
     with pytest.raises(InvalidRequest) as caught:
-        read("custom_voice", text=" ")
-    assert caught.value.field == "text"
+        read("custom_voice", text=text)
+    assert (caught.value.field, caught.value.code) == ("text", code)
