@@ -84,8 +84,9 @@ class ErrorCode(str, enum.Enum):
     found); the message names it and what to do."""
 
 
-KeyPath = tuple[str | int, ...]
-"""Where a value sits in a config document: its mapping keys and sequence indexes from the top."""
+KeyPath = tuple[str | int | float | None, ...]
+"""Where a value sits in a config document: its mapping keys and sequence indexes from the top. A key is as YAML
+read it: a string mostly, but `null:` is None, `1:` and `true:` ints (a bool), `1.5:` a float."""
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,19 @@ from stagevisor.supervisor.errors import ConfigError, ErrorCode, KeyPath, Source
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+_YAML_SCALAR: dict[Any, str] = {None: "null", True: "true", False: "false"}
 ECHO_CHARS = 40
 """At most this much of an unknown key is quoted back in an error message."""
 
 
 def dotted(path: tuple[Any, ...]) -> str:
-    """A key path as an operator reads it: `pipeline.stages[2].stream_to[0]`."""
+    """A key path as an operator reads it: `pipeline.stages[2].stream_to[0]`; a key that YAML read as null, a
+    boolean or a float as YAML writes it, in brackets (`processes[null]`)."""
     out = ""
     for part in path:
+        if part is None or isinstance(part, (bool, float)):
+            out += f"[{repr(part) if isinstance(part, float) else _YAML_SCALAR[part]}]"
+            continue
         if not isinstance(part, int) and not _PLAIN_KEY.match(str(part)):
             part = repr(str(part)[:ECHO_CHARS])  # a key with spaces or line breaks stays one readable line
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
@@ -80,6 +85,21 @@ def node_locations(node: yaml.Node | None, file: str) -> ConfigLocations:
     return ConfigLocations(file, marks)
 
 
+_UNREADABLE = object()
+
+
+def _key(node: yaml.Node) -> Any:
+    """The key a mapping key's node stands for, as the document's construction reads it (`null:` is None, `1:`
+    the int 1, `yes:` True), so an error about the key finds it; _UNREADABLE for a key that construction
+    refuses (a list, a mapping: unhashable; an integer past Python's digit limit), which it reports itself."""
+    if not isinstance(node, yaml.ScalarNode):
+        return _UNREADABLE
+    try:
+        return yaml.constructor.SafeConstructor().construct_object(node)
+    except (ValueError, yaml.YAMLError):
+        return _UNREADABLE
+
+
 def _walk(
     node: yaml.Node,
     file: str,
@@ -105,11 +125,13 @@ def _walk(
     seen_nodes.add(id(node))
     ancestors = ancestors + (id(node),)
     if isinstance(node, yaml.MappingNode):
-        keys: set[str] = set()
+        keys: set[Any] = set()
         for key_node, value_node in node.value:
-            key = key_node.value
             if key_node.tag == MERGE_TAG:
                 _walk(value_node, file, path, out, seen_nodes, ancestors)
+                continue
+            key = _key(key_node)
+            if key is _UNREADABLE:  # a list or mapping as a key, or a scalar YAML cannot construct: its own error
                 continue
             location = mark_location(file, key_node.start_mark)
             if key in keys:

@@ -31,16 +31,16 @@ def describe(
     errors = error.errors()
     # A list whose only item failed is also "too short" (pydantic counts the items that validated):
     # that says nothing the item's own error does not, and wrongly says the list is empty.
-    inner = [_entry(item["loc"]) for item in errors if item["type"] not in ("too_short", "too_long")]
+    inner = [_entry(item) for item in errors if item["type"] not in ("too_short", "too_long")]
     errors = [
         item
         for item in errors
         if item["type"] != "too_short"
-        or not any(loc[: len(item["loc"])] == _entry(item["loc"]) and len(loc) > len(item["loc"]) for loc in inner)
+        or not any(loc[: len(item["loc"])] == _entry(item) and len(loc) > len(item["loc"]) for loc in inner)
     ]
     problems = []
     for item in errors[:3]:
-        loc = _entry(item["loc"])
+        loc = _entry(item)
         where = clipped(dotted(loc), 200)
         location = locations.find(loc) if locations is not None else None
         message = clipped(item["msg"].removeprefix("Value error, "), 500)
@@ -61,14 +61,24 @@ def describe(
         str(replace(problem, location=None)) if index == 0 else str(problem) for index, problem in enumerate(problems)
     ]
     more = len(errors) - 3
-    first: KeyPath = _entry(errors[0]["loc"]) if errors else ()
+    first: KeyPath = _entry(errors[0]) if errors else ()
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else ""), first, tuple(problems)
 
 
-def _entry(loc: Sequence[str | int]) -> KeyPath:
+def _entry(item: Mapping[str, Any]) -> KeyPath:
     """A problem's path to the entry it is about: a mapping key's own problem ends in pydantic's `[key]`, and
-    the key is that entry (where it is written, and where the operator looks)."""
-    return tuple(loc[:-1]) if tuple(loc[-1:]) == ("[key]",) else tuple(loc)
+    the key is that entry (where it is written, and where the operator looks).
+
+    pydantic writes a key that is no string or int into its path as text (a null key as 'None', `1.5:` as
+    '1.5') and `true:` as 1, which is no key of the file (ConfigLocations keys each entry by the key YAML
+    read): a key's own problem carries the key itself as its input, and that is the path's last part.
+    """
+    loc: Sequence[str | int] = item["loc"]
+    if tuple(loc[-1:]) == ("[key]",):
+        return (*loc[:-2], item.get("input"))
+    if item["type"] == "invalid_key":  # a key that is no string, where the schema takes any key (`args`)
+        return (*loc[:-1], item.get("input"))
+    return tuple(loc)
 
 
 def _length_message(item: Mapping[str, Any]) -> str:
@@ -112,7 +122,7 @@ def _own_words(item: Mapping[str, Any], message: str) -> str:
     value = item.get("input")
     got = f", got {'null' if value is None else shown(value)}"
     if kind == "invalid_key":  # a key that YAML read as a number, a list...: the input is the key
-        return f"a key must be a string, got {shown(value)}"
+        return f"a key must be a string, got {'null' if value is None else shown(value)}"
     if kind in _EXPECTED:
         return f"must be {_EXPECTED[kind]}{got}"
     if kind in _BOUNDS:

@@ -343,11 +343,45 @@ def test_a_key_written_as_a_number_is_reported_at_its_own_line():
     assert config_error("model_path: demo\nplacement:\n\n  2: x\n").message.startswith("cfg.yaml:4:3: placement[2]: ")
 
 
-def test_a_problem_no_key_of_the_document_locates_is_reported_at_the_documents_first_line():
-    # `true:` is the bool True once parsed, the text "true" in the node tree: no key path matches.
+def test_a_key_yaml_reads_as_a_boolean_is_reported_as_such_at_its_own_line():
+    # `true:` is the bool True once parsed, which pydantic's path writes as 1: it was `[1]`, at the document's first
+    # line, since the node tree held the text "true" and no key path matched.
     assert (
-        config_error("model_path: demo\n\ntrue: x\n").message == "cfg.yaml:1:1: [1]: a key must be a string, got True"
+        config_error("model_path: demo\n\ntrue: x\n").message
+        == "cfg.yaml:3:1: [true]: a key must be a string, got True"
     )
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("processes:\n  vocoder: {}\n  null: {replicas: 2}\n", "cfg.yaml:4:3: processes[null]: process must be a "),
+        ("processes:\n  ~: {replicas: 2}\n", "cfg.yaml:3:3: processes[null]: process must be a string, got null"),
+        ("processes:\n  vocoder: {}\n  ? \n  : {}\n", "cfg.yaml:4:4: processes[null]: process must be a string"),
+        (
+            "voices:\n  alloy: heart\n  yes: heart\n",
+            "cfg.yaml:4:3: voices[true]: voice name must be a string, got bool",
+        ),
+        ("processes:\n  1.5: {}\n", "cfg.yaml:3:3: processes[1.5]: process must be a string, got float 1.5"),
+        (
+            "stages:\n  - name: vocoder\n    null: 1\n",
+            "cfg.yaml:4:5: stages[0][null]: a key must be a string, got null",
+        ),
+    ],
+)
+def test_a_null_or_other_non_string_key_is_reported_as_such_at_its_own_position(text, problem):
+    """A null key was `processes.None` (pydantic writes the key into its path as text), at the line of
+    `processes:` (1:1 where it led the file): no entry of the file is keyed 'None'."""
+    error = config_error("model_path: demo\n" + text)
+    assert error.message.startswith(problem), error.message
+    assert ".None" not in error.message
+
+
+@pytest.mark.parametrize("key", ["[a, b]", "{a: 1}"])
+def test_a_list_or_mapping_as_a_key_is_the_yaml_error_at_the_key_not_a_crash(key):
+    # The node tree's walk put the key's list of nodes in a set: TypeError, unhashable type: 'list'.
+    error = config_error(f"model_path: demo\nprocesses:\n  {key}: {{}}\n")
+    assert error.message == "cfg.yaml:3:3: malformed YAML: found unhashable key"
 
 
 def test_a_control_character_is_named_by_its_code_point_and_offset():
