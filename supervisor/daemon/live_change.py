@@ -5,7 +5,8 @@ run one at a time.
 Every worker of the new plan starts beside the running ones, in its own directory (run_dir/g<generation>), behind
 a second gateway (sharing admission control); once all are READY, new requests go to them, requests in flight
 finish on the old workers (as long as --request-timeout lets them), then the old workers and gateway stop. The
-daemon (a ChangeHost) makes the runners and takes the new topology as its own; LiveChange decides when.
+daemon (a ChangeHost) makes the runners and takes the new topology as its own; LiveChange decides when, after
+apply_checks.py's refusals (what an apply refuses before it starts anything).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generic, Mapping, Protocol, TypeVar
 
+from stagevisor.supervisor.daemon.apply_checks import check_model_path, check_switchable, unimportable
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.daemon.runner import SHUTDOWN, Failure, RunnerHooks, WorkerRunner
@@ -25,7 +27,6 @@ from stagevisor.supervisor.daemon.specs import gateway_addresses
 from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import (
-    ConfigError,
     DaemonError,
     ErrorCode,
     PlacementError,
@@ -34,7 +35,7 @@ from stagevisor.supervisor.errors import (
 )
 from stagevisor.supervisor.config.voices import VoiceNamesChange, unknown_voice_targets
 from stagevisor.supervisor.numbers import counted
-from stagevisor.supervisor.placement.diff import TopologyDiff, check_switch_budget, topology_diff
+from stagevisor.supervisor.placement.diff import TopologyDiff, topology_diff
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
@@ -196,7 +197,7 @@ class LiveChange(Generic[G]):
         keeps the replicas the autoscaler runs for every other group that stays autoscaled, read under the change
         lock."""
         host = self.host
-        unfound = self._unimportable(plan)
+        unfound = unimportable(plan, host.options.import_paths)
         if unfound is not None:
             if not dry_run:
                 self._refused(unfound)
@@ -231,25 +232,6 @@ class LiveChange(Generic[G]):
         # Until its new workers are stopped and its refusal told: the next change waits for this one anyway.
         await asyncio.gather(switch, *([attempt.task] if attempt.task else []), return_exceptions=True)
 
-    def _unimportable(self, plan: Plan) -> ConfigError | None:
-        """MODULE_NOT_FOUND (or MISSING_DEPENDENCY) for a factory of `plan` its new workers could not import: they
-        import with the daemon's path (serve's --app-dir, its config's directory, its working directory). An
-        apply's own --config directory is not added: a client of the admin API does not choose what the daemon
-        imports."""
-        from stagevisor.supervisor.worker.app_paths import unimportable_factories
-
-        paths = self.host.options.import_paths
-        unfound = unimportable_factories(((stage.name, stage.factory) for stage in plan.stages), paths)
-        if not unfound:
-            return None
-        remedy = (
-            "apply's workers import with the daemon's path (searched first: "
-            f"{', '.join(paths) or 'its working directory'}), set when it started: put the module in one of those "
-            "directories, or restart the daemon with --app-dir DIR (apply does not add its --config's directory)"
-        )
-        first = unfound[0]
-        return ConfigError(first.code, "; ".join(item.message(remedy) for item in unfound))
-
     async def apply_request(
         self, request: PlacementRequest, *, dry_run: bool = False
     ) -> tuple[Plan, TopologyDiff, VoiceNamesChange | None]:
@@ -261,7 +243,7 @@ class LiveChange(Generic[G]):
         from stagevisor.supervisor.placement.request import plan_placement, replica_counts_given, voice_names
 
         try:
-            self._check_model_path(request)
+            check_model_path(request, self.host.plan)
             planned = plan_placement(request)
             voices = voice_names(request)
         except StagevisorError as error:
@@ -283,30 +265,6 @@ class LiveChange(Generic[G]):
                 # (not counted in stagevisor_topology_applies_total: the topology did not change)
                 host.publish(ConditionEvent.now("", GroupState.READY, f"applied: voices {text}", "APPLIED"))
         return plan, diff, change
-
-    def _check_model_path(self, request: PlacementRequest) -> None:
-        """INVALID_CONFIG for a request (its --model-path, or its config's `model_path`) naming a model path other than
-        the one the daemon serves, before planning it: an apply changes the topology, never the weights the workers
-        load, and the daemon neither reads a directory a client of the admin API names nor lets its workers load from
-        one. Another model's registry key or hub id goes on to be refused as another model (`apply`), and the served
-        model's key is accepted where the daemon was started without a model path."""
-        from stagevisor.models.registry import declared_model
-        from stagevisor.supervisor.placement.request import named_model_paths
-
-        served, model = self.host.plan.model_path, self.host.plan.model
-        for where, named in named_model_paths(request):
-            if _same_model_path(named, served):
-                continue
-            declared = declared_model(named)
-            if declared is not None and (declared.key != model or served is None):
-                continue  # another model (refused as such once planned), or the served one named by its key
-            given = f"--model-path {served}" if served is not None else "no --model-path"
-            raise ConfigError(
-                ErrorCode.INVALID_CONFIG,
-                f"{where} {named!r} is not the model path the daemon serves ({served!r}): apply changes the topology, "
-                f"never the model's weights, and loads nothing from a path a client names; give apply {given} "
-                "(and the same `model_path` in a --config), or restart the daemon with the other model path",
-            )
 
     def _autoscaled_counts_kept(self, plan: Plan, given: frozenset[str]) -> Plan:
         """`plan` with each group that stays autoscaled running as many replicas as the autoscaler runs now (within
@@ -335,7 +293,7 @@ class LiveChange(Generic[G]):
             diff = topology_diff(host.plan, plan)
             if not diff.changed:
                 return plan, diff
-            self._check_switchable(plan)
+            check_switchable(host.plan, plan, launcher=host.options.launcher, state=host.state, runners=host.runners)
         except (StagevisorError, DaemonError) as error:
             if not dry_run:  # a dry run answers what the apply would: refused the same way, but nothing counted
                 self._refused(error)
@@ -355,16 +313,6 @@ class LiveChange(Generic[G]):
         self._count("applied")
         return plan, diff
 
-    def _check_switchable(self, plan: Plan) -> None:
-        """Refuse a switch to `plan` the daemon cannot make now: another launcher, a daemon not SERVING, a GPU that
-        cannot hold both topologies at once (PlacementError or DaemonError)."""
-        host = self.host
-        if host.options.launcher != "local":
-            raise DaemonError("apply needs the local launcher; with --launcher ray, restart with the new plan")
-        if host.state is not DaemonState.SERVING:
-            raise DaemonError(f"cannot apply a new topology while the daemon is {host.state.value}{self._advice()}")
-        check_switch_budget(host.plan, plan)
-
     async def abort_starting(self) -> None:
         """An apply still starting its new workers is cancelled: they stop and the apply is refused."""
         switch, self._starting = self._starting, None
@@ -372,18 +320,6 @@ class LiveChange(Generic[G]):
             log.info("shutdown: the apply in progress is refused; stopping its new workers")
             switch.cancel()
             await asyncio.gather(switch, return_exceptions=True)
-
-    def _advice(self) -> str:
-        """What a DEGRADED daemon's operator can do before a topology change: which groups are down, and how."""
-        if self.host.state is not DaemonState.DEGRADED:
-            return ""
-        down = [r for r in self.host.runners.values() if r.state is not GroupState.READY or r.silence]
-        named = ", ".join(f"{r.name!r} is {'silent' if r.state is GroupState.READY else r.state.value}" for r in down)
-        first = down[0].name if down else "GROUP"
-        return (
-            f" ({named}): wait until `stagevisor status` says SERVING (`stagevisor restart {first}` starts a FAILED "
-            "group again), or restart the daemon with the new plan"
-        )
 
     def _count(self, outcome: str) -> None:
         if self.host.metrics is not None:
@@ -525,12 +461,6 @@ class LiveChange(Generic[G]):
         else:  # the first topology lives in the run directory itself: only its sockets go
             for address in sockets:
                 Path(address.removeprefix("unix:")).unlink(missing_ok=True)
-
-
-def _same_model_path(named: str, served: str | None) -> bool:
-    """Whether a model path names the served one as --model-path is matched (surrounding spaces and a trailing slash
-    dropped)."""
-    return served is not None and named.strip().rstrip("/") == served.strip().rstrip("/")
 
 
 CLIENT_GONE = (

@@ -286,6 +286,9 @@ TARGETS: dict[str, Target] = {
         "supervisor/daemon/live_change.py",
         ("daemon/test_daemon_apply.py", "admin/test_admin_apply.py", "daemon/test_daemon_shutdown.py"),
     ),
+    "apply_checks": Target(
+        "supervisor/daemon/apply_checks.py", ("daemon/test_daemon_apply.py", "admin/test_admin_apply.py")
+    ),
     "restarts": Target(
         "supervisor/daemon/restarts.py",
         (
@@ -347,7 +350,7 @@ GROUPS = {
         "metrics_collector",
         "voice_store",
     ),
-    "changes": ("live_change", "restarts", "autoscale", "replica_sets"),
+    "changes": ("live_change", "apply_checks", "restarts", "autoscale", "replica_sets"),
 }
 """Names for several modules at once: the pure core, the serving surface and the live topology changes."""
 
