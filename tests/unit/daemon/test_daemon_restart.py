@@ -559,3 +559,131 @@ def test_a_restart_without_a_pause_removes_the_old_worker_s_socket_once_it_stopp
             await asyncio.wait_for(daemon.shutdown(0.0), 30)
 
     assert asyncio.run(scenario()) == (True, False)
+
+
+def test_a_force_restart_that_waited_for_a_scale_to_one_worker_stops_that_worker_first(tmp_path):
+    """
+    1. `pipeline` runs two replicas; `stagevisor scale pipeline=1` drains `pipeline/1`, which holds a request;
+    2. `stagevisor restart pipeline --force` meanwhile waits for the scale (a rolling restart, as things stood);
+    3. once the scale ends the group has one worker: --force restarts it as one, stopped first, not replaced
+       without a pause beside it (as a restart without --force would be).
+    """
+    from stagevisor.supervisor.placement.planner import rescale
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
+
+    class HoldingGateway(SwitchingGateway):
+        holding = True
+
+        def replica_in_flight(self, replica: str) -> int:
+            return int(self.holding)
+
+    async def scenario():
+        launcher = FakeLauncher(["ready", "ready", "ready", "held"])
+        plan = rescale(cpu_plan("front", "front", "pipeline", "pipeline"), "pipeline", 2)
+        daemon = await started_daemon(plan, tmp_path, launcher, HoldingGateway)
+        try:
+            scaling = asyncio.create_task(daemon.scale_group("pipeline", 1))
+            await settle(lambda: "pipeline/1" in daemon.replicas.draining)
+            forcing = asyncio.create_task(daemon.restart_group("pipeline", force=True))
+            await turns()
+            waited = not forcing.done() and len(launcher.workers) == 3
+            daemon.gateway.holding = False
+            await asyncio.wait_for(scaling, 30)
+            await settle(lambda: len(launcher.workers) == 4)  # the restart's new worker, loading
+            await turns()
+            signals_while_loading = list(launcher.workers[1].signals)
+            launcher.workers[3].answer()
+            result = await asyncio.wait_for(forcing, 30)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return waited, signals_while_loading, result
+
+    assert asyncio.run(scenario()) == (True, ["TERM"], (101, 103))
+
+
+def test_a_shutdown_while_a_restarts_old_worker_drains_stops_that_worker_too(tmp_path):
+    """
+    1. `stagevisor restart pipeline`: the new worker is READY and the group's; the old one holds a request, so
+       it drains outside the topology;
+    2. the daemon is stopped meanwhile: when shutdown returns, every worker has exited, the draining old
+       one too (a worker left running past its daemon's shutdown holds its GPU memory).
+    """
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
+
+    class HoldingGateway(SwitchingGateway):
+        held: frozenset[str] = frozenset({"request-1"})
+
+        def request_ids(self) -> frozenset[str]:
+            return self.held
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = await started_daemon(
+            cpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, launcher, HoldingGateway
+        )
+        restarting = asyncio.create_task(daemon.restart_group("pipeline"))
+        await settle(lambda: daemon.status().groups[1].pid == 102)
+        await turns()
+        draining = not restarting.done() and launcher.workers[1].signals == []
+        await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        exited = [worker.exited.done() for worker in launcher.workers]
+        daemon.gateway.held = frozenset()  # the restart ends either way (not after its 30 s drain timeout)
+        await asyncio.wait_for(asyncio.gather(restarting, return_exceptions=True), 30)
+        return draining, exited
+
+    assert asyncio.run(scenario()) == (True, [True, True, True])
+
+
+def test_a_restarts_old_worker_that_dies_while_it_drains_is_announced_lost_to_the_gateway(tmp_path):
+    """
+    1. `stagevisor restart pipeline`: the new worker is READY and the group's; the old one holds a request, so
+       it drains;
+    2. the old worker dies: the gateway is told its address is lost, so the requests it held fail at once
+       (rather than waiting out their deadline on a worker that will never answer);
+    3. the restart ends with the new worker serving the group.
+    """
+    from tests.unit.daemon.daemon_driver import SwitchingGateway
+
+    class RecordingGateway(SwitchingGateway):
+        held: frozenset[str] = frozenset({"request-1"})
+
+        def __init__(self, *args, admission=None) -> None:
+            super().__init__(*args, admission=admission)
+            self.lost: list[tuple[str, ...]] = []
+
+        def request_ids(self) -> frozenset[str]:
+            return self.held
+
+        def push_replicas(
+            self, sets: dict[str, tuple[str, ...]], lost: tuple[str, ...], workers: object, names: object = None
+        ) -> int:
+            self.lost.append(tuple(lost))
+            return 0
+
+    async def scenario():
+        launcher = FakeLauncher([])
+        daemon = await started_daemon(
+            cpu_plan("front", "front", "pipeline", "pipeline"),
+            tmp_path,
+            launcher,
+            RecordingGateway,
+            backoff_initial=0.0,
+        )
+        try:
+            old_address = daemon.runners["pipeline"].spec.address
+            restarting = asyncio.create_task(daemon.restart_group("pipeline"))
+            await settle(lambda: daemon.status().groups[1].pid == 102)
+            await turns()
+            before = [lost for lost in daemon.gateway.lost if lost]
+            launcher.workers[1].exit(-9)  # the old worker, draining
+            await turns()
+            announced = [lost for lost in daemon.gateway.lost if lost]
+            daemon.gateway.held = frozenset()
+            result = await asyncio.wait_for(restarting, 30)
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return before, announced, old_address, result
+
+    before, announced, old_address, result = asyncio.run(scenario())
+    assert before == [] and announced == [(old_address,)]
+    assert result == (101, 102)
