@@ -462,6 +462,10 @@ def load_planted() -> tuple[Planted, ...]:
     )
 
 
+_SUMMARY_LINE = re.compile(r"(?:FAILED|ERROR) (\S.*?)(?: - |$)")
+"""A line of pytest's short summary (the test that failed, first); a captured log line has spaces after ERROR."""
+
+
 def run_planted(work: Path, sources: set[str] | None = None) -> int:
     """Apply each planted bug (of `sources` only, if given) to a fresh copy, run its unit tests, report each."""
     tree = copy_tree(work)
@@ -503,10 +507,11 @@ def run_planted(work: Path, sources: set[str] | None = None) -> int:
             path.write_text(original)
         killed = result.returncode != 0
         survived += not killed
-        failing = [line for line in result.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+        # pytest's summary lines (`FAILED tests/...::test - ...`), not a captured log's (`ERROR    logger:...`).
+        failing = [m.group(1) for m in map(_SUMMARY_LINE.match, result.stdout.splitlines()) if m]
         print(
             f"  {'killed  ' if killed else 'SURVIVED'} {bug.source}:{line} {bug.what}"
-            + (f"\n           by {failing[0].split(' ', 1)[1].split(' - ')[0]}" if failing else "")
+            + (f"\n           by {failing[0]}" if failing else "")
         )
     print(f"{len(bugs) - survived} of {len(bugs)} killed")
     return 1 if survived else 0

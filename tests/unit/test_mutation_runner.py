@@ -274,3 +274,29 @@ def test_a_planted_bug_whose_tests_fail_unplanted_is_not_counted_killed(runner, 
     with pytest.raises(SystemExit) as refused:
         runner.run_planted(tmp_path / "work")
     assert "fail with no bug planted" in str(refused.value) and "test_fails_anyway.py" in str(refused.value)
+
+
+def test_a_planted_bug_is_reported_killed_by_the_failing_test_not_by_a_line_its_log_printed(
+    runner, tmp_path, monkeypatch, capsys
+):
+    """The failing test's captured log has lines that begin `ERROR    stagevisor.daemon:runner.py:260 ...` (a
+    worker that died at ERROR level): the report named such a line as the killer instead of the test. A test id
+    with a space (a parametrized case) is named whole."""
+    tree = tmp_path / "tree"
+    (tree / "tests" / "unit").mkdir(parents=True)
+    (tree / "module.py").write_text("LIMIT = 1\n")
+    (tree / "tests" / "unit" / "test_logs_then_fails.py").write_text(
+        "import logging\nfrom pathlib import Path\n\nimport pytest\n\n\n"
+        "@pytest.mark.parametrize('case', ['one limit'])\n"
+        "def test_the_limit(case):\n"
+        "    logging.getLogger('stagevisor.daemon').error('worker pid 101 exited unexpectedly')\n"
+        "    assert Path('module.py').read_text() == 'LIMIT = 1\\n'\n"
+    )
+    bug = runner.Planted(
+        "module: the limit off by one", "module.py", (("LIMIT = 1", "LIMIT = 2"),), ("test_logs_then_fails.py",)
+    )
+    monkeypatch.setattr(runner, "copy_tree", lambda work: tree)
+    monkeypatch.setattr(runner, "load_planted", lambda: (bug,))
+    assert runner.run_planted(tmp_path / "work") == 0
+    out = capsys.readouterr().out
+    assert "by tests/unit/test_logs_then_fails.py::test_the_limit[one limit]\n" in out, out
