@@ -165,6 +165,8 @@ class LiveChange(Generic[G]):
         self._lock: asyncio.Lock | None = None
         self._starting: asyncio.Task[None] | None = None
         """An apply whose new workers are starting: a shutdown cancels it (they stop, the apply is refused)."""
+        self._retired: G | None = None
+        """An apply's old gateway while the requests it holds finish: a shutdown's drain waits for them too."""
 
     @property
     def generation_dir(self) -> Path:
@@ -321,6 +323,11 @@ class LiveChange(Generic[G]):
             switch.cancel()
             await asyncio.gather(switch, return_exceptions=True)
 
+    def retired_in_flight(self) -> int:
+        """Requests an apply's old topology still holds while they finish (0 when none drains): a shutdown's drain
+        waits for them as for the daemon's own, rather than stop their workers under them."""
+        return self._retired.in_flight() if self._retired is not None else 0
+
     def _count(self, outcome: str) -> None:
         if self.host.metrics is not None:
             self.host.metrics.applies.labels(outcome).inc()
@@ -422,10 +429,12 @@ class LiveChange(Generic[G]):
         old_gateway.retire(gateway)
         log.info("apply: new requests go to the new topology; draining %d in flight", old_gateway.in_flight())
         host.retiring = list(old_runners.values())
+        self._retired = old_gateway
         try:
             await self._retire(old_runners, old_gateway, old_dir, old_sockets)
         finally:
             host.retiring = []
+            self._retired = None
         from stagevisor.supervisor.daemon.monitor import ConditionEvent
 
         changes = "; ".join(f"{g.kind} {g.name}" for g in diff.groups if g.kind != "kept")

@@ -13,7 +13,7 @@ import logging
 import multiprocessing
 import time
 from pathlib import Path
-from typing import Awaitable, Mapping, Protocol
+from typing import Awaitable, Callable, Mapping, Protocol
 
 from stagevisor.supervisor.daemon import systemd
 from stagevisor.supervisor.daemon.handle import DaemonLauncher
@@ -55,6 +55,9 @@ class StartingChanges(Protocol):
     """The daemon's live changes (live_change.py): a shutdown stops the workers an apply is starting."""
 
     async def abort_starting(self) -> None: ...
+
+    def retired_in_flight(self) -> int:
+        """Requests an apply's old topology, replaced but still finishing them, holds (0 when none drains)."""
 
 
 class Watchers(Protocol):
@@ -124,13 +127,18 @@ class DrainDeadline:
         self.at = min(self.at, time.monotonic() + budget)
 
 
-async def drain(gateway: DrainGateway, deadline: DrainDeadline) -> None:
-    """New requests are refused; those in flight get until `deadline` to finish, then are cancelled."""
+async def drain(gateway: DrainGateway, deadline: DrainDeadline, retired: Callable[[], int] = lambda: 0) -> None:
+    """New requests are refused; those in flight get until `deadline` to finish, then are cancelled. `retired`
+    counts those an apply's old topology still holds (its own gateway takes no new ones): waited for as well."""
     gateway.stop_accepting()  # drain what is in flight; new requests go elsewhere (UNAVAILABLE)
-    while gateway.in_flight() > 0 and time.monotonic() < deadline.at:
+
+    def left() -> int:
+        return gateway.in_flight() + retired()
+
+    while left() > 0 and time.monotonic() < deadline.at:
         await asyncio.sleep(0.05)
-    if gateway.in_flight() > 0:
-        log.warning("drain timeout: cancelling %s still in flight", counted(gateway.in_flight(), "request"))
+    if left() > 0:
+        log.warning("drain timeout: cancelling %s still in flight", counted(left(), "request"))
 
 
 async def stop_workers(runners: list[WorkerRunner], launcher: DaemonLauncher) -> None:
@@ -170,7 +178,7 @@ async def shut_down(host: ShutdownHost, drain_budget: float) -> None:
     try:
         host.systemd_status.tell("STATUS=draining", "STOPPING=1")
         host.drain_deadline.within(drain_budget)
-        await step("drain in-flight requests", drain(host.gateway, host.drain_deadline))
+        await step("drain in-flight requests", drain(host.gateway, host.drain_deadline, host.changes.retired_in_flight))
         await step("stop the data plane", host.gateway.stop(1.0))
     finally:
         try:

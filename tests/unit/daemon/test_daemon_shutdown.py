@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState
 from stagevisor.supervisor.errors import DaemonError, WorkerStartError
@@ -319,3 +320,29 @@ def test_a_drain_that_times_out_on_one_request_says_so_in_the_singular(caplog):
     with caplog.at_level(logging.WARNING, logger="stagevisor.daemon"):
         asyncio.run(drain(OneLeft(), deadline))
     assert "drain timeout: cancelling 1 request still in flight" in caplog.messages
+
+
+def test_a_shutdown_drain_waits_for_the_requests_an_applys_old_topology_still_holds():
+    """A SIGTERM while an apply's old topology finished its requests drained the daemon's own gateway alone (none
+    in flight there) and stopped the old workers under them at once: those requests lived only as long as the
+    worker's own stop drain. The drain now waits for them too, within its deadline."""
+    from stagevisor.supervisor.daemon.shutdown import DrainDeadline, drain
+
+    class Empty:
+        def stop_accepting(self) -> None:
+            pass
+
+        def in_flight(self) -> int:
+            return 0
+
+    async def scenario() -> float:
+        finished = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.3, finished.set)
+        deadline = DrainDeadline()
+        deadline.within(10.0)
+        began = time.monotonic()
+        await drain(Empty(), deadline, lambda: 0 if finished.is_set() else 1)
+        assert finished.is_set()
+        return time.monotonic() - began
+
+    assert 0.3 <= asyncio.run(scenario()) < 5.0
