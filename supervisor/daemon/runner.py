@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from stagevisor.supervisor.dataplane.client_failures import OUTLASTED_STOP_TIMEOUT
 from stagevisor.supervisor.errors import StoppedWhileStarting, WorkerStartError
 from stagevisor.supervisor.reports import RootCause
 from stagevisor.supervisor.daemon.handle import WorkerHandle, WorkerLauncher, describe_exit
@@ -445,7 +446,10 @@ class WorkerRunner:
         why = (
             f"{wedged.result()} while stopping"
             if wedged.done() and not wedged.cancelled()
-            else (f"worker pid {worker.pid} of group {self.name!r} ignored SIGTERM for {self.stop_timeout:.1f}s")
+            else (
+                f"worker pid {worker.pid} of group {self.name!r} {OUTLASTED_STOP_TIMEOUT} "
+                f"({self.stop_timeout:.1f}s after SIGTERM)"
+            )
         )
         log.warning("%s; sending SIGKILL", why)
         # What it still held is lost with it: those requests fail now, saying why (a replica's senders learn

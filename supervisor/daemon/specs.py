@@ -53,6 +53,12 @@ def gateway_addresses(plan: Plan, run_dir: Path) -> tuple[dict[str, str], str]:
     return routes, f"unix:{run_dir / 'gateway.sock'}"
 
 
+def stop_window(stop_timeout: float, drain_grace: float) -> float:
+    """How long the daemon waits for a worker to exit after SIGTERM before SIGKILL: what it may drain (a replica's
+    `drain_grace`), then the daemon's --stop-timeout (`stop_timeout`). Pure."""
+    return drain_grace + stop_timeout
+
+
 def worker_specs(
     plan: Plan,
     run_dir: Path,
@@ -63,6 +69,7 @@ def worker_specs(
     environ: Mapping[str, str] = os.environ,
     metrics: bool = False,
     drain_timeout: float = 0.0,
+    stop_timeout: float | None = None,
     alternate: frozenset[str] = frozenset(),
     record_handoffs: str = "",
     shm_dir: str = "",
@@ -73,7 +80,8 @@ def worker_specs(
     worker's `worker_address`; the first worker of a group in `alternate` runs
     at its alternate address instead, which `replica_routes` maps the group's
     address to, as it lists every replica's for replicated groups.
-    A replica drains what it holds for up to `drain_timeout` when stopped. Every
+    A replica drains what it holds for up to `drain_timeout` when stopped; each worker is told how long the
+    daemon waits for it to exit after SIGTERM (`stop_window` of the daemon's `stop_timeout`). Every
     worker records its handoffs in `record_handoffs` when it is set (the check's), and maps large payloads
     in `shm_dir`, the gateway's shared-memory directory.
     """
@@ -103,6 +111,7 @@ def worker_specs(
         group = plan.group(worker.group)
         if worker.replica is not None:  # its own GPU: each replica sees only its device
             group = replace(group, gpu=worker.gpu)
+        drain_grace = drain_timeout if worker.replica is not None else 0.0
         specs[worker.name] = WorkerSpec(
             group=group,
             stages=tuple(stage for stage in plan.stages if stage.name in group.stages),
@@ -119,7 +128,8 @@ def worker_specs(
             cache_dir="",  # each worker's node cache (worker.main.node_cache_dir), kept across daemons
             worker=worker.name if worker.replica is not None else "",
             replica_routes=replica_routes,
-            drain_grace=drain_timeout if worker.replica is not None else 0.0,
+            drain_grace=drain_grace,
+            stop_timeout=None if stop_timeout is None else stop_window(stop_timeout, drain_grace),
             record_handoffs=record_handoffs,
             shm_dir=shm_dir,
         )

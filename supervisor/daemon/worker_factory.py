@@ -17,7 +17,7 @@ from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.daemon.replicas import replica_drain_timeout
 from stagevisor.supervisor.daemon.runner import RunnerHooks, WorkerRunner
 from stagevisor.supervisor.daemon.seams import DaemonGateway
-from stagevisor.supervisor.daemon.specs import worker_specs
+from stagevisor.supervisor.daemon.specs import stop_window, worker_specs
 from stagevisor.supervisor.plan import Plan
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
@@ -68,6 +68,7 @@ class WorkerFactory:
             import_paths=host.options.import_paths,
             metrics=host.options.metrics,
             drain_timeout=self.drain_timeout,
+            stop_timeout=host.options.stop_timeout,
             # Set where every path's specs are made (start, a restart beside, scale, apply), so none leaves it out.
             record_handoffs=host.options.record_handoffs,
             # Workers map and write large payloads in the gateway's private shared-memory directory.
@@ -96,8 +97,8 @@ class WorkerFactory:
 
     def stop_timeout(self, spec: WorkerSpec) -> float:
         """How long a runner waits for `spec`'s worker to exit once signalled: a replica's worker drains what it
-        holds (up to drain_timeout) before it exits on SIGTERM."""
-        return self.host.options.stop_timeout + spec.drain_grace
+        holds (up to drain_timeout) before it exits on SIGTERM. Its spec says the same to the worker."""
+        return stop_window(self.host.options.stop_timeout, spec.drain_grace)
 
     @property
     def drain_timeout(self) -> float:

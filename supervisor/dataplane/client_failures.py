@@ -81,11 +81,18 @@ PROCESS_STOPPED = "the process is stopped (SIGSTOP, SIGTSTP or a debugger)"
 """Why a worker that missed its heartbeat did, when the kernel says it is stopped: in the runner's reason."""
 
 
+OUTLASTED_STOP_TIMEOUT = "was still running when its stop timeout ran out"
+"""Why the daemon killed a worker it had asked to stop (SIGTERM): in the runner's reason. Not that it ignored
+SIGTERM: it may have drained its requests, or closed, for longer than the stop timeout."""
+
+
 def group_down(stages: Sequence[str], group: str, reason: str) -> str:
     """UNAVAILABLE for requests through `stages` when their worker (process group `group`) ended for `reason`."""
     # `reason` (pid, exit status) is for the operator; the runner has logged it.
     went = "went down"
-    if "heartbeat" in reason:
+    if OUTLASTED_STOP_TIMEOUT in reason:
+        went = "was stopped (a restart, a scale-down or a shutdown) and killed when it outlasted the stop timeout"
+    elif "heartbeat" in reason:
         cause = "its process was stopped" if PROCESS_STOPPED in reason else "its event loop was blocked"
         went = f"stopped answering its heartbeat ({cause}) and was killed"
     return f"{_stages_are(stages)} unavailable: its worker (group {group!r}) {went}; retry"

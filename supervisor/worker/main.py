@@ -38,6 +38,20 @@ WORKER_COMM_PREFIX = "sv:"
 """Workers name themselves `sv:<group>` (visible in /proc/PID/comm and `ps -o comm`)."""
 WATCHDOG_INTERVAL = 0.5
 STOP_GRACE = 5.0
+"""Seconds a stopping worker that is not a replica waits for the requests it holds, when its stop timeout allows."""
+STOP_RESERVE = 2.0
+"""Seconds of the daemon's stop timeout a stopping worker keeps for after its drain (half of a stop timeout under
+twice this): failing what it still holds, telling its peers, closing and exiting before the daemon's SIGKILL."""
+
+
+def drain_budget(spec: WorkerSpec) -> float:
+    """Seconds a stopping worker waits for the requests it holds: its drain grace (STOP_GRACE when it has none),
+    cut short to end STOP_RESERVE (or half the stop timeout, when less) before the daemon's stop timeout. Pure."""
+    grace = spec.drain_grace or STOP_GRACE
+    if spec.stop_timeout is None:
+        return grace
+    reserve = min(STOP_RESERVE, spec.stop_timeout / 2)
+    return max(0.0, min(grace, spec.stop_timeout - reserve))
 
 
 def node_cache_dir(environ: Mapping[str, str] = os.environ) -> str:
@@ -232,9 +246,10 @@ async def _serve(
     handshake.close()
     beat = asyncio.create_task(_heartbeat(lifeline, heartbeat_interval)) if heartbeat_interval > 0 else None
     await stop.wait()
-    log.info("stopping")
+    grace = drain_budget(spec)
+    log.info("stopping: the requests held here have %.1fs to end", grace)
     try:
-        await endpoint.stop(spec.drain_grace or STOP_GRACE)
+        await endpoint.stop(grace)
     finally:
         if beat is not None:  # beating through the drain: the daemon kills a worker that stops beating
             beat.cancel()

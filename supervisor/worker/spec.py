@@ -58,6 +58,10 @@ class WorkerSpec:
     drain_grace: float = 0.0
     """Seconds a stopping worker waits for the requests it holds (0: worker.STOP_GRACE). Replicas get
     the daemon's drain timeout: they are stopped while the pipeline serves (rolling restart, scale down)."""
+    stop_timeout: float | None = None
+    """Seconds the daemon waits for this worker to exit after SIGTERM before it sends SIGKILL (its --stop-timeout,
+    plus drain_grace): the worker ends its drain in time to exit within them (worker.main.drain_budget). None: no
+    daemon waits on it with a deadline; it drains for its whole grace."""
 
     node_id: str = ""
     """The Ray node it runs on (set by its actor under --launcher ray); empty with the local launcher."""

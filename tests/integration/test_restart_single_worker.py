@@ -238,6 +238,40 @@ def test_a_request_a_worker_still_holds_when_its_stop_grace_ends_fails_then_not_
         assert STOP_GRACE <= took < STOP_GRACE + 10, took
 
 
+STOP_TIMEOUT = 3
+"""The daemon's --stop-timeout below: shorter than the worker's STOP_GRACE, which it used to drain for all the same."""
+
+
+@pytest.mark.slow
+def test_a_forced_restart_under_a_stop_timeout_shorter_than_the_stop_grace_stops_the_worker_without_sigkill():
+    """Steps:
+    1. `--stop-timeout 3`; a 30 s request streams from `back`;
+    2. `stagevisor restart back --force`: the worker ends its drain within the 3 s the daemon gives it, fails the
+       request saying that it stopped, and exits before the daemon would send SIGKILL;
+    3. the request fails UNAVAILABLE within the stop timeout, saying that its worker stopped; the daemon never
+       sent SIGKILL. Before, the worker drained for STOP_GRACE (5 s) whatever the stop timeout: it was killed at
+       3 s, the log said that it "ignored SIGTERM", and the request was told its worker "went down".
+    """
+    plan = front_back_plan()
+    with DaemonProcess(plan, "--stop-timeout", str(STOP_TIMEOUT)) as daemon:
+        daemon.wait_serving()
+        old = group(daemon.admin_topology(), "back")["pid"]
+        request = Streaming(daemon.listen, 30)
+        request.start()
+        assert request.first.wait(timeout=60), "the request never started"
+        began = time.monotonic()
+        result = daemon.cli("restart", "back", "--force")
+        assert result.returncode == 0, result.stdout + result.stderr
+        request.join(timeout=30)
+        took = time.monotonic() - began
+        assert not request.is_alive(), "the request outlived its worker's stop by 30 s"
+        assert request.outcome == "UNAVAILABLE", (request.outcome, request.details)
+        assert "stage 'source' is unavailable: its worker stopped" in request.details, request.details
+        assert took < STOP_TIMEOUT + 5, took
+        assert not alive(old)
+        assert "SIGKILL" not in daemon.log() and "ignored SIGTERM" not in daemon.log(), daemon.log()
+
+
 @pytest.mark.slow
 def test_a_forced_restart_of_a_group_whose_work_on_a_request_ended_lets_the_request_finish_downstream():
     """Steps:

@@ -259,7 +259,10 @@ def test_stop_kills_a_worker_that_ignores_sigterm_after_the_stop_timeout_and_rep
         assert launcher.workers[0].signals == ["TERM", "KILL"]
         assert runner.state is S.STOPPED and launcher.workers[0].closed
         [(worker, reason)] = recorder.lost
-        assert worker == "g" and "ignored SIGTERM" in reason and "killed it" in reason
+        assert worker == "g" and "killed it" in reason
+        # It may have drained or closed for too long: a message that says it ignored SIGTERM would blame it wrongly.
+        assert "still running when its stop timeout ran out (0.0s after SIGTERM)" in reason
+        assert "ignored SIGTERM" not in reason
 
     run(scenario())
 

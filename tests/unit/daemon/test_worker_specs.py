@@ -134,3 +134,35 @@ def test_every_worker_maps_payloads_in_its_own_gateways_shared_memory_started_sc
     assert [spec.shm_dir for spec in scaled.values()] == ["/dev/shm/area-0"] * 4
     assert beside.shm_dir == "/dev/shm/area-0"
     assert [spec.shm_dir for spec in started] == ["/dev/shm/area-0"] * 2 + ["/dev/shm/area-1"]
+
+
+def test_every_worker_knows_how_long_the_daemon_waits_for_it_to_exit_after_sigterm(tmp_path):
+    """A worker drained for a fixed 5 s whatever --stop-timeout: with one of 3 s it was killed in its drain. Each
+    spec the daemon makes (start, scale, a restart beside) now carries the wait its runner gives that worker."""
+    from stagevisor.supervisor.daemon.core import Daemon
+    from stagevisor.supervisor.daemon.options import DaemonOptions
+    from stagevisor.supervisor.placement.planner import rescale
+    from tests.unit.daemon.daemon_driver import SwitchingGateway, cpu_plan
+    from tests.fakes import FakeLauncher
+
+    daemon = Daemon(
+        cpu_plan("front", "front", "pipeline", "pipeline"),
+        DaemonOptions(run_dir=tmp_path / "d1", stop_timeout=3.0, drain_timeout=20.0),
+        launcher=FakeLauncher([]).factory,
+        gateway_factory=SwitchingGateway,
+    )
+    started = daemon.specs
+    scaled = daemon.specs_for(rescale(daemon.plan, "pipeline", 2))
+    beside = daemon.beside_runner("pipeline")
+    assert started["front"].stop_timeout == 3.0 and beside.spec.stop_timeout == 3.0
+    drain = daemon.worker_factory.drain_timeout
+    assert [scaled[f"pipeline/{i}"].stop_timeout for i in range(2)] == [drain + 3.0] * 2
+    assert beside.stop_timeout == beside.spec.stop_timeout
+    assert [daemon.worker_factory.stop_timeout(spec) for spec in scaled.values()] == [
+        spec.stop_timeout for spec in scaled.values()
+    ]
+
+
+def test_worker_specs_made_without_a_stop_timeout_leave_the_worker_its_whole_grace():
+    specs, _ = worker_specs(plan(), Path("/tmp/sv/d1"), parent_pid=1, log_level="INFO")
+    assert {spec.stop_timeout for spec in specs.values()} == {None}

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from stagevisor.supervisor.daemon.handle import describe_unresponsive
-from stagevisor.supervisor.dataplane.client_failures import group_down, replica_down, worker_stopped, worker_unreachable
+from stagevisor.supervisor.dataplane.client_failures import (
+    OUTLASTED_STOP_TIMEOUT,
+    group_down,
+    replica_down,
+    worker_stopped,
+    worker_unreachable,
+)
 
 
 def test_one_stage_is_unavailable():
@@ -32,3 +38,13 @@ def test_a_worker_killed_for_its_heartbeat_blames_its_loop_or_says_its_process_w
     stopped = group_down(["vocoder"], "vocoder", describe_unresponsive(42, "vocoder", 10.0, stopped=True))
     assert "stopped answering its heartbeat (its event loop was blocked) and was killed" in blocked
     assert "stopped answering its heartbeat (its process was stopped) and was killed" in stopped
+
+
+def test_a_worker_killed_past_its_stop_timeout_was_stopped_on_purpose_not_gone_down():
+    # A worker that drained past --stop-timeout and was killed: its clients were told it "went down".
+    reason = f"worker pid 42 of group 'back' {OUTLASTED_STOP_TIMEOUT} (3.0s after SIGTERM); killed it"
+    told = group_down(["source"], "back", reason)
+    assert told == (
+        "stage 'source' is unavailable: its worker (group 'back') was stopped (a restart, a scale-down or a "
+        "shutdown) and killed when it outlasted the stop timeout; retry"
+    )

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import sys
 import types
+from dataclasses import replace
 
 import pytest
 
 from stagevisor.supervisor.plan import PlannedStage, ProcessGroup
 from stagevisor.supervisor.worker.build import StageBuildError, build_stages, factory_kwargs, resolve_factory
 from stagevisor.supervisor.worker.gpu import bind_gpu
+from stagevisor.supervisor.worker.main import STOP_GRACE, STOP_RESERVE, drain_budget
 from stagevisor.supervisor.worker.spec import WorkerSpec
 
 INJECTED = {"model_path": "org/model", "gpu_id": 0, "total_gpu_memory_fraction": 0.1}
@@ -264,3 +266,24 @@ def test_a_factory_whose_module_does_not_import_still_fails_as_its_stage_in_orde
     with pytest.raises(StageBuildError) as caught:
         asyncio.run(build_stages(spec, {}))
     assert caught.value.stage == "a" and isinstance(caught.value.cause, ModuleNotFoundError)
+
+
+@pytest.mark.parametrize(
+    ("drain_grace", "stop_timeout", "budget"),
+    [
+        (0.0, None, STOP_GRACE),  # no daemon waits on it with a deadline
+        (0.0, 10.0, STOP_GRACE),  # the default stop timeout leaves the whole grace
+        (0.0, 3.0, 1.5),  # drained 5 s and was killed at 3 s: half of a short stop timeout now
+        (0.0, 6.0, 4.0),  # STOP_RESERVE before the stop timeout's end
+        (0.0, 0.0, 0.0),
+        (65.0, 75.0, 65.0),  # a replica's stop timeout is its drain grace plus --stop-timeout
+        (65.0, 65.0, 63.0),  # --stop-timeout 0: it keeps STOP_RESERVE of its grace to exit
+    ],
+)
+def test_a_stopping_worker_ends_its_drain_in_time_to_exit_within_the_daemons_stop_timeout(
+    drain_grace, stop_timeout, budget
+):
+    spec = replace(spec_of(), drain_grace=drain_grace, stop_timeout=stop_timeout)
+    assert drain_budget(spec) == pytest.approx(budget)
+    if stop_timeout is not None:
+        assert stop_timeout - drain_budget(spec) >= min(STOP_RESERVE, stop_timeout / 2)
