@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Mapping
 
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState
-from stagevisor.supervisor.errors import ConfigError, DaemonError, ErrorCode
+from stagevisor.supervisor.daemon.replicas import cpu_host_advice
+from stagevisor.supervisor.errors import ConfigError, DaemonError, ErrorCode, PlacementError
 from stagevisor.supervisor.placement.diff import check_switch_budget
 from stagevisor.supervisor.plan import Plan
 
@@ -76,7 +77,23 @@ def check_switchable(
         raise DaemonError("apply needs the local launcher; with --launcher ray, restart with the new plan")
     if state is not DaemonState.SERVING:
         raise DaemonError(f"cannot apply a new topology while the daemon is {state.value}{_advice(state, runners)}")
-    check_switch_budget(running, plan)
+    try:
+        check_switch_budget(running, plan)
+    except PlacementError as refusal:
+        raise refusal.adding(_cpu_advice(refusal, runners)) from None
+
+
+def _cpu_advice(refusal: PlacementError, runners: Mapping[str, WorkerRunner]) -> str:
+    """For a switch refused MISSING_FRACTION on a GPU whose running workers all run on CPU here (no CUDA device):
+    how to plan its stages as CPU groups, as a restart's refusal says. "" otherwise."""
+    if refusal.code is not ErrorCode.MISSING_FRACTION or refusal.gpu is None or not refusal.stages:
+        return ""
+    on_gpu = [r for r in runners.values() if r.spec.group.gpu == refusal.gpu]
+    if not on_gpu or any(runner.device != "cpu" for runner in on_gpu):
+        return ""
+    return cpu_host_advice(
+        f"the workers on GPU {refusal.gpu}", "the stages", refusal.stages, "them as CPU groups, which an apply switches"
+    )
 
 
 def _advice(state: DaemonState, runners: Mapping[str, WorkerRunner]) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Mapping, Protocol
+from typing import Mapping, Protocol, Sequence
 
 from stagevisor.supervisor.errors import PlacementError, StoppedWhileStarting, WorkerStartError
 from stagevisor.supervisor.numbers import counted
@@ -104,6 +104,17 @@ def _new_worker_down(new: WorkerRunner, old: WorkerRunner, old_pid: int, waited:
     return f"{down}; the old worker pid {old_pid}, which took the group's requests meanwhile, is {old.state.value} too"
 
 
+def cpu_host_advice(workers: str, whose: str, stages: Sequence[str], planned: str) -> str:
+    """What a refusal for want of GPU fractions adds where the `workers` it is about run on CPU here (no CUDA
+    device): `gpu: null` on `stages` plans them on CPU, where no fraction applies. One wording for every such
+    refusal (restart, scale, apply); `whose` leads the stages' names, `planned` says what they become. Pure."""
+    return (
+        f" ({workers} run on CPU here, with no CUDA device, where no fraction applies: `gpu: null` on {whose} "
+        f"{', '.join(map(repr, stages))} in a config, e.g. `stages: [{{name: {stages[0]}, gpu: null}}]`, "
+        f"plans {planned} with no GPU budget)"
+    )
+
+
 class ReplicaSets:
     """Replica bookkeeping of one Daemon; the daemon calls in on lifecycle events and operator requests."""
 
@@ -134,10 +145,8 @@ class ReplicaSets:
         stages = [s.name for s in plan.stages if s.name in plan.group(group).stages and s.gpu is not None]
         if not stages:
             return ""
-        return (
-            f" (its workers run on CPU here, with no CUDA device, where no fraction applies: `gpu: null` on its "
-            f"stages {', '.join(map(repr, stages))} in a config, e.g. `stages: [{{name: {stages[0]}, gpu: null}}]`, "
-            "plans it as a CPU group, which restarts beside itself and scales with no GPU budget)"
+        return cpu_host_advice(
+            "its workers", "its stages", stages, "it as a CPU group, which restarts beside itself and scales"
         )
 
     def is_replica(self, runner: WorkerRunner) -> bool:

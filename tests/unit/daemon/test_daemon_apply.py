@@ -896,3 +896,42 @@ def test_the_old_topology_drains_for_as_long_as_a_request_may_run_not_only_the_d
     with caplog.at_level(logging.WARNING, logger="stagevisor.daemon"):
         asyncio.run(scenario())
     assert not [m for m in caplog.messages if "still on the old topology" in m]
+
+
+def test_an_apply_refused_for_want_of_fractions_on_a_cpu_only_host_says_how_to_plan_on_cpu_as_a_restart_does(tmp_path):
+    """The demo declared on GPU 0 with no fractions, its workers on CPU here (no CUDA device): `restart` refused
+    MISSING_FRACTION saying that `gpu: null` plans its stages as a CPU group; `apply` refused the same way without
+    it. Both now say it, in one wording; where the workers run on a GPU, neither does."""
+    stages = ("preprocessing", "audio_encoder", "tts_engine", "vocoder")
+
+    def gpu_plan(*processes: str):
+        return make_plan("higgs-tts", list(zip(stages, processes, (None, 0, 0, 0), (None,) * 4, strict=True)))
+
+    async def refusals(device: str) -> tuple[PlacementError, PlacementError]:
+        daemon = await started_daemon(gpu_plan("front", "front", "pipeline", "pipeline"), tmp_path, FakeLauncher([]))
+        try:
+            for runner in daemon.runners.values():
+                runner.device = device
+            with pytest.raises(PlacementError) as restart:
+                await daemon.restart_group("pipeline")
+            with pytest.raises(PlacementError) as apply:
+                await daemon.apply_plan(gpu_plan("front", "front", "pipeline", "vocoder"))
+        finally:
+            await asyncio.wait_for(daemon.shutdown(0.0), 30)
+        return restart.value, apply.value
+
+    restart, apply = asyncio.run(refusals("cpu"))
+    assert restart.code is apply.code is ErrorCode.MISSING_FRACTION
+    hint = "run on CPU here, with no CUDA device, where no fraction applies: `gpu: null` on "
+    assert restart.message.endswith(
+        f" (its workers {hint}its stages 'tts_engine', 'vocoder' in a config, e.g. "
+        "`stages: [{name: tts_engine, gpu: null}]`, plans it as a CPU group, which restarts beside itself and "
+        "scales with no GPU budget)"
+    ), restart.message
+    assert apply.message.endswith(
+        f" (the workers on GPU 0 {hint}the stages 'audio_encoder', 'tts_engine', 'vocoder' in a config, e.g. "
+        "`stages: [{name: audio_encoder, gpu: null}]`, plans them as CPU groups, which an apply switches with no "
+        "GPU budget)"
+    ), apply.message
+    on_gpu = asyncio.run(refusals("cuda:0"))
+    assert [hint in refusal.message for refusal in on_gpu] == [False, False], on_gpu
