@@ -15,6 +15,11 @@ if TYPE_CHECKING:  # the reports import protobuf, which `stagevisor plan` does w
     from stagevisor.supervisor.reports import ReplicaReport
 
 
+SCALE_EXAMPLE = "stagevisor scale pipeline=3"
+"""The first example of `scale --help`, which a malformed GROUP=N repeats: `pipeline` is a group of the quickstart
+daemon (the default voice as declared), which has no `vocoder` group."""
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     restart = subparsers.add_parser(
         "restart",
@@ -65,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "stop the highest-indexed ones. Checked first against the GPU budget exactly as "
         "`stagevisor plan --process-replicas` checks it: a refusal (OVER_LIMIT, "
         "MISSING_FRACTION, TP_STAGE, MISSING_PROCESS) changes nothing.",
-        epilog="examples:\n  stagevisor scale pipeline=3\n"
+        epilog=f"examples:\n  {SCALE_EXAMPLE}\n"
         "  stagevisor scale pipeline=1 --format json\n\n"
         "--format json prints one object: {group, old_replicas, new_replicas, workers: [{name, pid}]}: the group's "
         "workers after the change, each with its pid (null for one with no process now); a refusal prints "
@@ -173,7 +178,7 @@ def _replicas_of(topology: Any, group: str) -> tuple[ReplicaReport, ...]:
 def _scale(args: argparse.Namespace) -> int:
     group, equals, count = args.assignment.partition("=")
     if not group.strip() or not equals or not count.strip():
-        line = f"{args.assignment!r} is malformed; write GROUP=N, e.g. stagevisor scale vocoder=2"
+        line = f"{args.assignment!r} is malformed; write GROUP=N, e.g. {SCALE_EXAMPLE}"
         return _refused(args, StagevisorError(ErrorCode.MALFORMED_ASSIGNMENT, line))
     from stagevisor.supervisor.config import replicas_from_text
 

@@ -13,8 +13,16 @@ def test_a_malformed_assignment_exits_2_with_the_form_to_write(capsys, tmp_path,
     code = main(["scale", assignment, "--admin-address", f"unix:{tmp_path}/none.sock"])
     assert code == 2
     assert capsys.readouterr().err == (
-        f"error: {assignment!r} is malformed; write GROUP=N, e.g. stagevisor scale vocoder=2\n"
+        f"error: {assignment!r} is malformed; write GROUP=N, e.g. stagevisor scale pipeline=3\n"
     )
+
+
+def test_the_malformed_assignments_example_is_the_first_of_scale_help(capsys):
+    """It said `stagevisor scale vocoder=2`, a group the quickstart daemon (the default voice as declared) lacks,
+    where `--help` shows `pipeline`."""
+    with pytest.raises(SystemExit):
+        main(["scale", "--help"])
+    assert "examples:\n  stagevisor scale pipeline=3\n" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("count", ["0", "-1", "65", "99999999999"])  # the last is past the admin API's int32 too
