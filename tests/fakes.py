@@ -124,7 +124,9 @@ class FakeWorker:
         return await asyncio.shield(self.exited)
 
     async def unresponsive(self) -> str:
-        await self.wedged
+        # Shielded, as wait_exit: a cancelled waiter (the runner's watch, as a stop begins) must not cancel the
+        # worker's own state, which would end every later wait on it at once, as if it had stopped answering.
+        await asyncio.shield(self.wedged)
         return f"worker pid {self.pid} did not answer its heartbeat for 5s"
 
     async def silent(self) -> str:

@@ -112,6 +112,10 @@ class WorkerRunner:
         self.hooks = hooks
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
+        """How long the next worker started gets between SIGTERM and SIGKILL (its spec says the same to it)."""
+        self.worker_stop_timeout = stop_timeout
+        """The current worker's: the stop timeout it was started with, which a `rename` (a rescale) leaves, since
+        the worker drains for what it was told."""
         # Through self.hooks, not the callable itself: an apply hands a runner's reports to a new owner.
         self.lifecycle = GroupLifecycle(self.name, listener=lambda event: self.hooks.on_event(event), clock=clock)
         self.restart_count_id = next(_RESTART_COUNTS)
@@ -206,6 +210,7 @@ class WorkerRunner:
         except Exception as error:  # fork_exec failures: out of pids, out of memory
             raise WorkerStartError(self.name, f"could not start a worker process: {error}") from error
         self.worker_name = self.spec.name
+        self.worker_stop_timeout = self.stop_timeout
         self.lifecycle.pid = self.worker.pid
 
     async def await_ready(self) -> None:
@@ -430,7 +435,7 @@ class WorkerRunner:
         exited = asyncio.ensure_future(worker.wait_exit())
         wedged = asyncio.ensure_future(worker.unresponsive())
         try:
-            await asyncio.wait({exited, wedged}, timeout=self.stop_timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({exited, wedged}, timeout=self.worker_stop_timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             wedged.cancel()
             exited.cancel()  # wait_exit is shielded: cancelling this waiter leaves the others be
@@ -448,7 +453,7 @@ class WorkerRunner:
             if wedged.done() and not wedged.cancelled()
             else (
                 f"worker pid {worker.pid} of group {self.name!r} {OUTLASTED_STOP_TIMEOUT} "
-                f"({self.stop_timeout:.1f}s after SIGTERM)"
+                f"({self.worker_stop_timeout:.1f}s after SIGTERM)"
             )
         )
         log.warning("%s; sending SIGKILL", why)

@@ -301,6 +301,29 @@ def test_a_worker_that_dies_while_it_drains_is_reported_lost_and_one_that_ends_i
     assert run(stopped_while_draining(lambda worker: worker.exit(0))) == (["TERM"], [])  # drained and exited
 
 
+def test_a_worker_gets_the_stop_timeout_it_was_started_with_though_its_group_was_rescaled_since():
+    """A replica's worker drains for its group's drain grace, and was started knowing it has that plus
+    --stop-timeout (WorkerSpec.stop_timeout). Scaled down to one worker, its runner takes the single worker's spec
+    (no drain grace, a shorter stop timeout) for its next worker; stopping the one still running killed it at the
+    shorter timeout, in the drain it had been told it may run."""
+
+    async def scenario():
+        launcher, recorder = FakeLauncher(["ignore-term"]), RunnerRecorder()
+        runner = runner_for(launcher, recorder, stop_timeout=3600.0)
+        runner.spawn()
+        await runner.await_ready()
+        runner.stop_timeout = 0.01  # Daemon.rename_runner after `scale GROUP=1`
+        stopping = asyncio.create_task(runner.stop("restart requested by operator"))
+        await settle(lambda: launcher.workers[0].signals == ["TERM"])
+        await asyncio.sleep(0.2)
+        signals = list(launcher.workers[0].signals)
+        launcher.workers[0].exit(0)  # its drain ends and it exits
+        await asyncio.wait_for(stopping, 10)
+        return signals, recorder.lost
+
+    assert run(scenario()) == (["TERM"], [])
+
+
 def test_stop_is_idempotent():
     async def scenario():
         launcher, recorder = FakeLauncher([]), RunnerRecorder()
