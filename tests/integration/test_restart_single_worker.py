@@ -207,6 +207,23 @@ def front_back_plan():
     return replace(plan, stages=tuple(replace(stage, args={}) for stage in plan.stages))  # factories of no arguments
 
 
+def forced_restart_under_a_stream(daemon) -> float:
+    """A 30 s request streams from `back`; `stagevisor restart back --force`: the request must fail UNAVAILABLE
+    saying that its worker stopped (not wait for its deadline). Returns the seconds from the restart to its end."""
+    request = Streaming(daemon.listen, 30)
+    request.start()
+    assert request.first.wait(timeout=60), "the request never started"
+    began = time.monotonic()
+    result = daemon.cli("restart", "back", "--force")
+    assert result.returncode == 0, result.stdout + result.stderr
+    request.join(timeout=30)
+    took = time.monotonic() - began
+    assert not request.is_alive(), "the request outlived its worker's stop by 30 s: it waits for its deadline"
+    assert request.outcome == "UNAVAILABLE", (request.outcome, request.details)
+    assert "stage 'source' is unavailable: its worker stopped" in request.details, request.details
+    return took
+
+
 @pytest.mark.slow
 def test_a_request_a_worker_still_holds_when_its_stop_grace_ends_fails_then_not_at_its_deadline():
     """Steps:
@@ -224,17 +241,7 @@ def test_a_request_a_worker_still_holds_when_its_stop_grace_ends_fails_then_not_
         daemon.wait_serving()
         result = daemon.cli("restart", "back")
         assert result.returncode == 0, result.stdout + result.stderr
-        request = Streaming(daemon.listen, 30)
-        request.start()
-        assert request.first.wait(timeout=60), "the request never started"
-        began = time.monotonic()
-        result = daemon.cli("restart", "back", "--force")
-        assert result.returncode == 0, result.stdout + result.stderr
-        request.join(timeout=30)
-        took = time.monotonic() - began
-        assert not request.is_alive(), "the request outlived its worker's stop by 30 s: it waits for its deadline"
-        assert request.outcome == "UNAVAILABLE", (request.outcome, request.details)
-        assert "stage 'source' is unavailable: its worker stopped" in request.details, request.details
+        took = forced_restart_under_a_stream(daemon)
         assert STOP_GRACE <= took < STOP_GRACE + 10, took
 
 
@@ -256,17 +263,7 @@ def test_a_forced_restart_under_a_stop_timeout_shorter_than_the_stop_grace_stops
     with DaemonProcess(plan, "--stop-timeout", str(STOP_TIMEOUT)) as daemon:
         daemon.wait_serving()
         old = group(daemon.admin_topology(), "back")["pid"]
-        request = Streaming(daemon.listen, 30)
-        request.start()
-        assert request.first.wait(timeout=60), "the request never started"
-        began = time.monotonic()
-        result = daemon.cli("restart", "back", "--force")
-        assert result.returncode == 0, result.stdout + result.stderr
-        request.join(timeout=30)
-        took = time.monotonic() - began
-        assert not request.is_alive(), "the request outlived its worker's stop by 30 s"
-        assert request.outcome == "UNAVAILABLE", (request.outcome, request.details)
-        assert "stage 'source' is unavailable: its worker stopped" in request.details, request.details
+        took = forced_restart_under_a_stream(daemon)
         assert took < STOP_TIMEOUT + 5, took
         assert not alive(old)
         assert "SIGKILL" not in daemon.log() and "ignored SIGTERM" not in daemon.log(), daemon.log()

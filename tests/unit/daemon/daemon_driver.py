@@ -81,6 +81,16 @@ async def started_daemon(plan, tmp_path, launcher, gateway=SwitchingGateway, **o
     return daemon
 
 
+class HoldingGateway(SwitchingGateway):
+    """A gateway whose requests stay in flight while `held` names any: a worker it stops drains until a test
+    empties it (`daemon.gateway.held = frozenset()`)."""
+
+    held: frozenset[str] = frozenset({"request-1"})
+
+    def request_ids(self) -> frozenset[str]:
+        return self.held
+
+
 def cpu_plan(*processes: str):
     """Higgs-TTS's four stages on CPU, placed in `processes` (one per stage, in order)."""
     stages = ("preprocessing", "audio_encoder", "tts_engine", "vocoder")

@@ -6,7 +6,7 @@ import asyncio
 
 from tests.fakes import poll_until, settle
 from tests.unit.daemon.daemon_driver import published_warnings
-from tests.unit.daemon.daemon_driver import cpu_plan, started_daemon
+from tests.unit.daemon.daemon_driver import HoldingGateway, cpu_plan, started_daemon
 from tests.fakes import FakeLauncher
 from stagevisor.supervisor.dataplane.admission import RESTART_RETRY_AFTER
 
@@ -120,15 +120,7 @@ def test_an_old_worker_that_dies_while_it_drains_after_a_restart_without_a_pause
     """
     import logging
 
-    from tests.unit.daemon.daemon_driver import SwitchingGateway
-
     caplog.set_level(logging.INFO, logger="stagevisor.daemon")
-
-    class HoldingGateway(SwitchingGateway):
-        held: frozenset[str] = frozenset({"request-1"})
-
-        def request_ids(self) -> frozenset[str]:
-            return self.held
 
     async def scenario():
         launcher = FakeLauncher([])
@@ -174,12 +166,6 @@ def test_a_force_restart_cuts_short_the_drain_of_a_restart_without_a_pause(tmp_p
     3. the log and watchers say the drain was cut short, and with how many requests in flight.
     """
     import logging
-
-    from tests.unit.daemon.daemon_driver import SwitchingGateway
-
-    class HoldingGateway(SwitchingGateway):
-        def request_ids(self) -> frozenset[str]:
-            return frozenset({"request-1"})
 
     async def scenario():
         launcher = FakeLauncher([])
@@ -256,11 +242,6 @@ def test_the_daemon_serves_on_while_a_restarts_old_worker_takes_the_requests_of_
     """
     from stagevisor.supervisor.daemon.lifecycle import DaemonState
     from stagevisor.supervisor.errors import WorkerStartError
-    from tests.unit.daemon.daemon_driver import SwitchingGateway
-
-    class HoldingGateway(SwitchingGateway):
-        def request_ids(self) -> frozenset[str]:
-            return frozenset({"request-1"})
 
     async def scenario():
         launcher = FakeLauncher(["ready", "ready", "ready", "held"])
@@ -608,13 +589,6 @@ def test_a_shutdown_while_a_restarts_old_worker_drains_stops_that_worker_too(tmp
     2. the daemon is stopped meanwhile: when shutdown returns, every worker has exited, the draining old
        one too (a worker left running past its daemon's shutdown holds its GPU memory).
     """
-    from tests.unit.daemon.daemon_driver import SwitchingGateway
-
-    class HoldingGateway(SwitchingGateway):
-        held: frozenset[str] = frozenset({"request-1"})
-
-        def request_ids(self) -> frozenset[str]:
-            return self.held
 
     async def scenario():
         launcher = FakeLauncher([])
