@@ -170,9 +170,13 @@ def format_status(report: StatusReport) -> str:
         if report.workers_total != report.groups_total
         else ""
     )
+    # A silent worker stays READY, yet its group may not answer: said beside the count, which would otherwise
+    # read `2/2 READY` next to a daemon DEGRADED by it.
+    silent = [g.name for g in report.groups if g.silent_s is not None]
+    quiet = f", {counted(len(silent), 'worker')} silent ({', '.join(silent)})" if silent else ""
     lines = [
         f"daemon: {report.state} (pid {report.pid}, up {report.uptime_seconds:.0f}s)",
-        f"groups: {report.groups_ready}/{report.groups_total} READY{workers}, "
+        f"groups: {report.groups_ready}/{report.groups_total} READY{workers}{quiet}, "
         f"{counted(report.in_flight, 'request')} in flight",
     ]
     width = max((len(g.name) for g in report.groups), default=0)

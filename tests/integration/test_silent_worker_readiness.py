@@ -70,6 +70,7 @@ def test_a_stopped_worker_of_the_default_voice_is_silent_in_status_and_not_ready
         assert live == 200  # liveness stays up: the daemon is alive, one worker is not answering
         [row] = [line for line in table.splitlines() if line.lstrip().startswith(f"{name} ")]
         assert " READY " in row and "  silent " in row
+        assert f", 1 worker silent ({name}), " in table.splitlines()[1]  # beside `groups: 1/1 READY`
 
         def answering() -> dict | None:
             status = daemon.admin_status() or {}

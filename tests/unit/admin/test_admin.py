@@ -254,6 +254,20 @@ def test_status_and_topology_say_how_long_a_silent_worker_has_been_silent_and_no
     assert replicas[3].endswith("  silent 2.0s")
 
 
+def test_status_counts_a_silent_ready_worker_beside_the_ready_groups_and_its_json_keeps_the_counts():
+    ready_b = {**STATUS["groups"][1], "state": "READY", "pid": 10}
+    silent = StatusReport.from_json(
+        {**STATUS, "groups_ready": 2, "workers_ready": 2, "groups": [STATUS["groups"][0], ready_b]}
+    )
+    assert format_status(silent).splitlines()[1] == "groups: 2/2 READY, 1 worker silent (a), 3 requests in flight"
+    assert silent.to_json()["groups_ready"] == 2 and silent.to_json()["workers_ready"] == 2
+    beating = StatusReport.from_json({**STATUS, "groups": [{**STATUS["groups"][0], "silent_s": None}, ready_b]})
+    assert "silent" not in format_status(beating).splitlines()[1]
+    replicas = [{**ready_b, "name": f"b/{i}", "silent_s": 1.0} for i in range(2)]
+    both = StatusReport.from_json({**silent.to_json(), "groups": [STATUS["groups"][0], *replicas], "workers_total": 3})
+    assert "READY (2/3 workers), 3 workers silent (a, b/0, b/1), 3 requests" in format_status(both)
+
+
 def test_status_without_failure_has_a_null_root_cause():
     healthy = StatusReport.from_json({**STATUS, "root_cause": None})
     assert StatusReport.from_proto(healthy.to_proto()).to_json()["root_cause"] is None

@@ -118,8 +118,8 @@ def test_status_counts_one_request_in_flight_in_the_singular():
 
     from stagevisor.supervisor.commands.report_text import format_status
 
-    assert "groups: 1/2 READY, 1 request in flight" in format_status(replace(STATUS, in_flight=1))
-    assert "groups: 1/2 READY, 3 requests in flight" in format_status(STATUS)
+    assert "groups: 1/2 READY, 1 worker silent (a), 1 request in flight" in format_status(replace(STATUS, in_flight=1))
+    assert "groups: 1/2 READY, 1 worker silent (a), 3 requests in flight" in format_status(STATUS)
 
 
 def test_a_gpu_with_no_declared_fraction_stays_null_through_the_wire_and_a_declared_zero_share_does_not_appear():
