@@ -511,8 +511,8 @@ class ServeProcess(DaemonProcess):
     def __init__(self, *serve_args: str, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
         self._prepare(env)
         self.cwd = cwd
-        # `--http none` first: tests that want HTTP pass `--http 127.0.0.1:0`, which wins;
-        # no test binds the default HTTP port.
+        # Defaults before the test's own options, which win (argparse keeps the last): `--http none` (tests
+        # that want HTTP pass `--http 127.0.0.1:0`; no test binds the default HTTP port) and `--stop-timeout 5`.
         self.argv = [
             sys.executable,
             "-m",
@@ -520,13 +520,13 @@ class ServeProcess(DaemonProcess):
             "serve",
             "--http",
             "none",
+            "--stop-timeout",
+            "5",
             *serve_args,
             "--admin-address",
             self.admin_address,
             "--listen",
             self.listen,
-            "--stop-timeout",
-            "5",
         ]
 
 

@@ -40,7 +40,7 @@ def test_a_port_in_use_is_one_clean_error_line():
         port = taken.getsockname()[1]
         daemon = ServeProcess("--model-path", "demo")
         result = subprocess.run(
-            [*daemon.argv[:-4], "--listen", f"127.0.0.1:{port}", "--stop-timeout", "5"],
+            [*daemon.argv[:-2], "--listen", f"127.0.0.1:{port}"],
             cwd=ROOT,
             # As an operator runs it: no GRPC_VERBOSITY of their own (a test that ran the CLI's main in this
             # process may have left the one main() sets for its children).
