@@ -37,6 +37,20 @@ def unimportable(plan: Plan, paths: tuple[str, ...]) -> ConfigError | None:
     return ConfigError(first.code, "; ".join(item.message(remedy) for item in unfound))
 
 
+def other_model(plan: Plan, served_plan: Plan) -> PlacementError | None:
+    """INVALID_CONFIG for a plan of a model other than the one the daemon serves (`served_plan`'s): an apply
+    changes the topology, never the model."""
+    if plan.model == served_plan.model:
+        return None
+    return PlacementError(
+        ErrorCode.INVALID_CONFIG,
+        f"the daemon serves {served_plan.model!r}; apply changes its topology, not its model "
+        f"(the new plan is for {plan.model!r}): give apply the daemon's model "
+        f"(--model-path {served_plan.model_path or served_plan.model}, or a --config for it), "
+        "or start a daemon for the other model",
+    )
+
+
 def check_model_path(request: PlacementRequest, served_plan: Plan) -> None:
     """INVALID_CONFIG for a request (its --model-path, or its config's `model_path`) naming a model path other than
     the one the daemon serves (`served_plan`'s), before planning it: an apply changes the topology, never the weights

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generic, Mapping, Protocol, TypeVar
 
-from stagevisor.supervisor.daemon.apply_checks import check_model_path, check_switchable, unimportable
+from stagevisor.supervisor.daemon.apply_checks import check_model_path, check_switchable, other_model, unimportable
 from stagevisor.supervisor.daemon.lifecycle import DaemonState, GroupState, LifecycleEvent
 from stagevisor.supervisor.daemon.options import DaemonOptions
 from stagevisor.supervisor.daemon.runner import SHUTDOWN, Failure, RunnerHooks, WorkerRunner
@@ -28,7 +28,6 @@ from stagevisor.supervisor.dataplane.admission import Admission
 from stagevisor.supervisor.dataplane.limits import RequestLimits
 from stagevisor.supervisor.errors import (
     DaemonError,
-    ErrorCode,
     PlacementError,
     StagevisorError,
     WorkerStartError,
@@ -199,19 +198,8 @@ class LiveChange(Generic[G]):
         keeps the replicas the autoscaler runs for every other group that stays autoscaled, read under the change
         lock."""
         host = self.host
-        unfound = unimportable(plan, host.options.import_paths)
-        if unfound is not None:
-            if not dry_run:
-                self._refused(unfound)
-            raise unfound
-        if plan.model != host.plan.model:
-            refusal = PlacementError(
-                ErrorCode.INVALID_CONFIG,
-                f"the daemon serves {host.plan.model!r}; apply changes its topology, not its model "
-                f"(the new plan is for {plan.model!r}): give apply the daemon's model "
-                f"(--model-path {host.plan.model_path or host.plan.model}, or a --config for it), "
-                "or start a daemon for the other model",
-            )
+        refusal = unimportable(plan, host.options.import_paths) or other_model(plan, host.plan)
+        if refusal is not None:
             if not dry_run:
                 self._refused(refusal)
             raise refusal
