@@ -321,13 +321,14 @@ def sse_usage(characters: int, seconds: float) -> dict[str, int | float]:
     """`speech.audio.done`'s usage: OpenAI's three token counts, which its clients require (typed ones fail
     without them), and what stagevisor measures. There is no tokenizer common to the models served, so a token
     is an input character, the unit the request limits count (OpenAI bills its tts models by the character too);
-    the audio is counted in seconds, and output_tokens is 0."""
+    the audio is counted in seconds, to the millisecond (a duration, not 1.5500226757369615 s of 11025 Hz audio),
+    and output_tokens is 0."""
     return {
         "input_tokens": characters,
         "output_tokens": 0,
         "total_tokens": characters,
         "input_characters": characters,
-        "output_audio_seconds": seconds,
+        "output_audio_seconds": round(seconds, 3),
     }
 
 

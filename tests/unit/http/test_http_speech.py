@@ -398,6 +398,16 @@ def test_sse_sends_each_piece_then_the_usage_in_seconds_of_the_audio_sent():
     assert handle.closed == 1
 
 
+def test_sse_usage_gives_the_audio_s_duration_to_the_millisecond():
+    """At 11025 Hz the done event's usage read `"output_audio_seconds":1.5500226757369615`."""
+    handle = ScriptedHandle([audio_chunk(17089, rate=11025)])
+    with client_for(ScriptedGateway(handle), speech(stream_format="sse", sample_rate=11025)) as client:
+        body = client.post("/speech").content
+    *deltas, done = events(body)
+    assert len(b"".join(base64.b64decode(e["audio"]) for e in deltas)) == 2 * 17089  # 1.5500226... s of audio
+    assert done["usage"]["output_audio_seconds"] == 1.55 and b'"output_audio_seconds":1.55}' in body
+
+
 def test_sse_ends_a_stream_failing_midway_with_an_error_event():
     handle = ScriptedHandle([audio_chunk(10)], RequestFailed("INTERNAL", "the vocoder crashed", request_id="r-3"))
     with client_for(ScriptedGateway(handle), speech(stream_format="sse")) as client:
