@@ -45,6 +45,14 @@ SPARE = "sv-spare"
 """A resource two nodes hold: a group pinned to it can move when one of them goes away."""
 
 
+def _start_timed_out(exc: Exception) -> bool:
+    """Whether a node's start gave up waiting for one of its processes: "... timed out during startup", or, for a
+    GCS server starved of CPU (CI's newcomer lane at a load average of 10), "Timed out waiting for file
+    .../gcs_server_port_...". Either may pass on a second try; any other error would not."""
+    message = str(exc)
+    return "timed out during startup" in message or message.startswith("Timed out waiting for file")
+
+
 class LocalCluster:
     """A head node (NODE_A) and a second node (NODE_B, SPARE), each with one CPU and one logical GPU.
 
@@ -67,7 +75,7 @@ class LocalCluster:
                 self._start()
                 return
             except Exception as exc:
-                if "timed out during startup" not in str(exc) or attempt == START_ATTEMPTS:
+                if not _start_timed_out(exc) or attempt == START_ATTEMPTS:
                     logs = self._log_tails()
                     self.close()
                     raise RuntimeError(
