@@ -54,7 +54,10 @@ class StageError(Exception):
     `reference_audio`, `reference_transcript`, an option's key): gRPC's
     trailing metadata `stagevisor-error-field`, the HTTP error's `param` (in
     the HTTP API's own name for it: `ref_audio` for `reference_audio`). A name
-    not in an option key's form (`is_field_name`) is a ValueError here.
+    not in an option key's form (`is_field_name`) is dropped, not raised: it is
+    often the client's own text (an unknown option's key), and a refusal must
+    stay a refusal, whatever the key, where no gateway checked it first
+    (`stagevisor check --option`).
     """
 
     code: str | None = None
@@ -62,12 +65,7 @@ class StageError(Exception):
 
     def __init__(self, *args: object, code: str | None = None, field: str | None = None) -> None:
         super().__init__(*args)
-        if field is not None:
-            if not is_field_name(field):
-                raise ValueError(
-                    "a StageError's field must name a request field: a letter or _, then up to 63 of letters, "
-                    f"digits, _, . and - (e.g. 'voice'), got {field!r}"
-                )
+        if is_field_name(field):
             self.field = field
         if code is None:
             return  # a subclass's own `code`, if it has one, stays
